@@ -1,0 +1,40 @@
+# The project's entry points. `make demo` and `make test` are the two a user needs.
+SHELL := /bin/bash
+TOOLS_BIN := $(shell hack/tools.sh --print-bin)
+export AETHER_TOOLS_BIN := $(TOOLS_BIN)
+export PATH := $(TOOLS_BIN):$(PATH)
+CARGO ?= cargo
+
+.PHONY: all tools build crds test test-etcd34 lint fmt bench demo e2e e2e-kind lint-chart clean
+
+all: build
+
+## tools: build or reuse kube-apiserver, kubectl, etcd, helm, kubeconform (cached outside the checkout)
+tools:
+	hack/tools.sh
+
+build:
+	$(CARGO) build --workspace --all-targets
+
+## crds: regenerate crds/ (and the chart's copy) from the Rust types
+crds:
+	$(CARGO) run -q -p aether-operator -- crds --out crds
+
+## test: formatting, lints, unit and integration tests against real etcd and kube-apiserver
+test: lint
+	$(CARGO) test --workspace --no-fail-fast
+	$(MAKE) test-etcd34
+
+## test-etcd34: the mirror's suite again, on Debian's etcd 3.4
+test-etcd34:
+	AETHER_ETCD=3.4 $(CARGO) test -p aether-operator --test mirror --no-fail-fast
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+fmt:
+	$(CARGO) fmt --all
+
+clean:
+	$(CARGO) clean

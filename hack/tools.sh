@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Installs the real parts the tests, the demo and the benchmarks run against, into a cache outside
+# the checkout, keyed by version, so a fresh clone reuses what an earlier one built.
+#
+#   hack/tools.sh            build or reuse everything, print where it is
+#   hack/tools.sh --print-bin  print the directory holding the binaries
+#
+# Everything lands in $AETHER_TOOLS_DIR (default ~/.cache/aether-federation/tools)/<name>-<version>/
+# and is linked into $AETHER_TOOLS_DIR/bin, which the tests find through AETHER_TOOLS_BIN or that
+# default path.
+set -euo pipefail
+
+KUBE_VERSION=v1.35.4      # kube-apiserver and kubectl; keep in step with hack/tools/kube/go.mod
+ETCD_VERSION=v3.6.16      # the default etcd for tests; keep in step with hack/tools/etcd/go.mod
+HELM_VERSION=v3.19.0
+KUBECONFORM_VERSION=v0.7.0
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+tools_dir=${AETHER_TOOLS_DIR:-$HOME/.cache/aether-federation/tools}
+bin_dir=$tools_dir/bin
+
+if [[ "${1:-}" == "--print-bin" ]]; then
+  echo "$bin_dir"
+  exit 0
+fi
+
+die() { echo "tools: $*" >&2; exit 1; }
+say() { echo "tools: $*"; }
+
+command -v go >/dev/null || die "Go is needed to build kube-apiserver, etcd, helm and kubeconform; install Go 1.25+ (https://go.dev/doc/install)"
+mkdir -p "$bin_dir"
+
+# build NAME VERSION MODULE_DIR PACKAGE OUTPUT: go build PACKAGE from a wrapper module into the cache.
+build_from_module() {
+  local name=$1 version=$2 moddir=$3 pkg=$4 out=$5
+  local dest=$tools_dir/$name-$version
+  if [[ -x "$dest/$out" ]]; then
+    say "$out $version: cached in $dest"
+  else
+    say "$out $version: building $pkg (this takes minutes the first time)"
+    local start=$SECONDS
+    mkdir -p "$dest.tmp"
+    (cd "$moddir" && CGO_ENABLED=0 go build -trimpath -o "$dest.tmp/$out" "$pkg")
+    mkdir -p "$dest" && mv "$dest.tmp/$out" "$dest/$out" && rmdir "$dest.tmp"
+    say "$out $version: built in $((SECONDS - start)) s"
+  fi
+  ln -sf "$dest/$out" "$bin_dir/$out"
+}
+
+# go_install NAME VERSION PACKAGE: go install PACKAGE@VERSION into the cache.
+go_install() {
+  local name=$1 version=$2 pkg=$3
+  local dest=$tools_dir/$name-$version
+  if [[ -x "$dest/$name" ]]; then
+    say "$name $version: cached in $dest"
+  else
+    say "$name $version: installing $pkg@$version"
+    local start=$SECONDS
+    GOBIN="$dest" CGO_ENABLED=0 go install -trimpath "$pkg@$version"
+    say "$name $version: built in $((SECONDS - start)) s"
+  fi
+  ln -sf "$dest/$name" "$bin_dir/$name"
+}
+
+# Debian packages: protoc for etcd-client's build, etcd 3.4 for the compatibility pass (its etcdctl
+# also has make-mirror), lua for the Argo CD health check tests.
+apt_packages=()
+command -v protoc >/dev/null || apt_packages+=(protobuf-compiler)
+[[ -x /usr/bin/etcd ]] || apt_packages+=(etcd-server)
+[[ -x /usr/bin/etcdctl ]] || apt_packages+=(etcd-client)
+command -v lua5.4 >/dev/null || apt_packages+=(lua5.4)
+if ((${#apt_packages[@]})); then
+  command -v apt-get >/dev/null || die "missing ${apt_packages[*]}: install them with your package manager"
+  [[ $(id -u) == 0 ]] || die "missing ${apt_packages[*]}: run 'sudo apt-get install ${apt_packages[*]}' or re-run as root"
+  say "apt-get install ${apt_packages[*]}"
+  start=$SECONDS
+  apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${apt_packages[@]}" >/dev/null
+  say "apt packages installed in $((SECONDS - start)) s"
+fi
+ln -sf "$(command -v protoc)" "$bin_dir/protoc"
+ln -sf /usr/bin/etcd "$bin_dir/etcd-3.4"
+ln -sf /usr/bin/etcdctl "$bin_dir/etcdctl-3.4"
+
+build_from_module etcd "$ETCD_VERSION" "$here/tools/etcd" go.etcd.io/etcd/server/v3 etcd
+build_from_module etcdctl "$ETCD_VERSION" "$here/tools/etcd" go.etcd.io/etcd/etcdctl/v3 etcdctl
+build_from_module kube-apiserver "$KUBE_VERSION" "$here/tools/kube" k8s.io/kubernetes/cmd/kube-apiserver kube-apiserver
+build_from_module kubectl "$KUBE_VERSION" "$here/tools/kube" k8s.io/kubernetes/cmd/kubectl kubectl
+go_install helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm
+go_install kubeconform "$KUBECONFORM_VERSION" github.com/yannh/kubeconform/cmd/kubeconform
+
+say "all tools in $bin_dir"

@@ -1,0 +1,19 @@
+//! Real parts on loopback for the tests, the demo and the benchmarks: etcd servers and
+//! kube-apiservers, each on free 127.0.0.1 ports with its own temporary directory. Everything is
+//! stopped and removed on drop, also when a test panics (and then the servers' logs are printed).
+
+mod apiserver;
+mod etcd;
+mod pki;
+mod process;
+mod region;
+mod tools;
+
+pub use apiserver::{KubeApiserver, client_from_kubeconfig};
+pub use etcd::{EtcdFlavor, EtcdServer};
+pub use process::{free_port, wait_until};
+pub use region::Region;
+pub use tools::{tool_path, tools_bin_dir};
+
+/// How long a server may take to become ready before the harness gives up.
+pub const STARTUP_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);

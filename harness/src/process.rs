@@ -1,0 +1,100 @@
+//! A child process whose output goes to a log file, killed on drop.
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+pub struct Managed {
+    name: String,
+    log: PathBuf,
+    child: Option<Child>,
+}
+
+impl Managed {
+    pub fn spawn(name: &str, mut cmd: Command, log: &Path) -> anyhow::Result<Self> {
+        let out = File::options().create(true).append(true).open(log)?;
+        let err = out.try_clone()?;
+        cmd.stdin(Stdio::null()).stdout(out).stderr(err);
+        let child = cmd.spawn().map_err(|e| anyhow::anyhow!("starting {name}: {e}"))?;
+        Ok(Self { name: name.to_string(), log: log.to_path_buf(), child: Some(child) })
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    /// Fails with the log's tail when the process has already exited.
+    pub fn check_running(&mut self) -> anyhow::Result<()> {
+        if let Some(child) = self.child.as_mut()
+            && let Some(status) = child.try_wait()?
+        {
+            anyhow::bail!("{} exited ({status}):\n{}", self.name, self.log_tail(40));
+        }
+        Ok(())
+    }
+
+    /// SIGTERM, then wait for the exit.
+    pub fn terminate(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            signal(child.id(), "TERM");
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGKILL, then wait for the exit: a crash.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+}
+
+impl Drop for Managed {
+    fn drop(&mut self) {
+        if std::thread::panicking() && self.child.is_some() {
+            eprintln!("----- last lines of {} ({}) -----\n{}", self.name, self.log.display(), self.log_tail(60));
+        }
+        self.kill();
+    }
+}
+
+fn signal(pid: u32, sig: &str) {
+    let _ = Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).status();
+}
+
+/// A port on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    listener.local_addr().expect("local addr").port()
+}
+
+/// Polls `probe` until it returns true, failing after `deadline`.
+pub async fn wait_until<F, Fut>(what: &str, deadline: std::time::Duration, mut probe: F) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<bool>>,
+{
+    let start = std::time::Instant::now();
+    let mut last_err = String::new();
+    loop {
+        match probe().await {
+            Ok(true) => return Ok(()),
+            Ok(false) => {}
+            Err(e) => last_err = e.to_string(),
+        }
+        if start.elapsed() > deadline {
+            anyhow::bail!("{what} not ready after {deadline:?} {last_err}");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}

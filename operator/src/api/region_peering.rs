@@ -1,0 +1,303 @@
+//! `RegionPeering`: "this region is X; its etcd is here; its peers are Y and Z with their etcds".
+use super::common::{EtcdConnection, EtcdTls, conditions_schema};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+/// The pattern of a region name: a DNS label.
+pub const REGION_PATTERN: &str = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$";
+
+/// The federation topology of one region. The operator, leader-elected once per region, mirrors
+/// this region's subtree `/aether/v1/regions/<region>/` of the local etcd into every peer's etcd
+/// under an origin-heartbeat lease, and reports per-peer health.
+#[derive(CustomResource, Clone, Debug, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[kube(
+    group = "federation.aether.dev",
+    version = "v1alpha1",
+    kind = "RegionPeering",
+    namespaced,
+    status = "RegionPeeringStatus",
+    shortname = "rpeer",
+    category = "aether",
+    printcolumn(name = "Region", type_ = "string", json_path = ".spec.region"),
+    printcolumn(
+        name = "Peers",
+        type_ = "string",
+        json_path = ".status.peersReady",
+        description = "peers ready / total"
+    ),
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(
+        name = "Lag",
+        type_ = "string",
+        json_path = ".status.worstLag",
+        description = "the worst replication lag over all peers"
+    ),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    printcolumn(
+        name = "Reason",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].reason",
+        priority = "1"
+    ),
+    printcolumn(name = "Leader", type_ = "string", json_path = ".status.leader", priority = "1"),
+    printcolumn(
+        name = "Inbound",
+        type_ = "string",
+        json_path = ".status.inboundSummary",
+        priority = "1",
+        description = "origins mirrored into this region"
+    ),
+    printcolumn(name = "Suspended", type_ = "boolean", json_path = ".spec.suspend", priority = "1")
+)]
+#[x_kube(validation = Rule::new("!has(self.peers) || self.peers.all(p, p.region != self.region)").message("a peer may not be the own region").field_path(".peers").reason(Reason::FieldValueInvalid))]
+#[serde(rename_all = "camelCase")]
+pub struct RegionPeeringSpec {
+    /// This region's name, a DNS label. The operator mirrors `/aether/v1/regions/<region>/` of the
+    /// local etcd, and nothing else. Immutable.
+    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("region is immutable: create a new RegionPeering instead"))]
+    pub region: String,
+    /// This region's registry etcd: the source of the mirror.
+    pub local_etcd: EtcdConnection,
+    /// The peer regions this region's subtree is mirrored into. Empty for a single region: then
+    /// nothing is mirrored and nothing changes.
+    #[serde(default)]
+    #[schemars(length(max = 32), extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["region"]))]
+    pub peers: Vec<PeerRegion>,
+    /// The origin-heartbeat leases this region holds on every peer.
+    #[serde(default)]
+    pub lease: LeaseSettings,
+    /// How a peer region is judged unreachable. It only reports; it never deletes anything.
+    #[serde(default)]
+    pub failure_detector: FailureDetectorSettings,
+    /// Paging and batching of the mirror.
+    #[serde(default)]
+    pub sync: SyncSettings,
+    /// Stops every mirror worker. The mirrors on the peers then lapse with their leases.
+    #[serde(default)]
+    pub suspend: bool,
+}
+
+/// One peer region and its registry etcd.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PeerRegion {
+    /// The peer's region name, a DNS label; it may not be this region's own.
+    #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"))]
+    pub region: String,
+    /// Client URLs of the peer's registry etcd.
+    #[schemars(length(min = 1, max = 16), inner(regex(pattern = r"^https?://[^\s/]+/?$")))]
+    pub endpoints: Vec<String>,
+    /// Client credentials for the peer's etcd.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<EtcdTls>,
+}
+
+impl PeerRegion {
+    pub fn connection(&self) -> EtcdConnection {
+        EtcdConnection { endpoints: self.endpoints.clone(), tls: self.tls.clone() }
+    }
+}
+
+/// Lease settings. Every mirrored key on a peer is attached to a lease that this region's leader
+/// keeps alive; when the region goes away, its mirror expires on every peer within the TTL.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.keepaliveIntervalSeconds < self.ttlSeconds").message("keepaliveIntervalSeconds must be shorter than ttlSeconds").field_path(".keepaliveIntervalSeconds"))]
+pub struct LeaseSettings {
+    /// Lease TTL in seconds: how long a peer keeps this region's mirror after the last keepalive.
+    #[serde(default = "default_ttl")]
+    #[schemars(range(min = 5, max = 3600))]
+    pub ttl_seconds: i64,
+    /// Seconds between keepalives; about a third of the TTL.
+    #[serde(default = "default_keepalive")]
+    #[schemars(range(min = 1, max = 1200))]
+    pub keepalive_interval_seconds: i64,
+    /// The most keys attached to one lease. etcd before 3.5.10 spends time linear in a lease's
+    /// keys on every attached put, so large subtrees are sharded over several leases.
+    #[serde(default = "default_max_keys_per_lease")]
+    #[schemars(range(min = 100, max = 1000000))]
+    pub max_keys_per_lease: i64,
+}
+
+fn default_ttl() -> i64 {
+    30
+}
+fn default_keepalive() -> i64 {
+    10
+}
+fn default_max_keys_per_lease() -> i64 {
+    10_000
+}
+
+impl Default for LeaseSettings {
+    fn default() -> Self {
+        LeaseSettings {
+            ttl_seconds: default_ttl(),
+            keepalive_interval_seconds: default_keepalive(),
+            max_keys_per_lease: default_max_keys_per_lease(),
+        }
+    }
+}
+
+/// The cross-region failure detector: a deadline on successful keepalive round trips.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FailureDetectorSettings {
+    /// A peer with no successful round trip for this long is reported unreachable.
+    #[serde(default = "default_acceptable_pause")]
+    #[schemars(range(min = 1, max = 600))]
+    pub acceptable_pause_seconds: i64,
+}
+
+fn default_acceptable_pause() -> i64 {
+    10
+}
+
+impl Default for FailureDetectorSettings {
+    fn default() -> Self {
+        FailureDetectorSettings { acceptable_pause_seconds: default_acceptable_pause() }
+    }
+}
+
+/// Paging and batching of the mirror.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SyncSettings {
+    /// Keys per range page in the initial sync; bounds the worker's memory.
+    #[serde(default = "default_page_size")]
+    #[schemars(range(min = 10, max = 10000))]
+    pub page_size: i64,
+    /// The most operations in one peer Txn (etcd's `--max-txn-ops`, 128 by default).
+    #[serde(default = "default_max_txn_ops")]
+    #[schemars(range(min = 4, max = 100000))]
+    pub max_txn_ops: i64,
+    /// The most bytes in one peer Txn; keep it under etcd's `--max-request-bytes` (1.5 MiB).
+    #[serde(default = "default_max_txn_bytes")]
+    #[schemars(range(min = 65536, max = 67108864))]
+    pub max_txn_bytes: i64,
+    /// A peer whose lag exceeds this many seconds is not Ready.
+    #[serde(default = "default_max_ready_lag")]
+    #[schemars(range(min = 1, max = 86400))]
+    pub max_ready_lag_seconds: i64,
+}
+
+fn default_page_size() -> i64 {
+    1000
+}
+fn default_max_txn_ops() -> i64 {
+    128
+}
+fn default_max_txn_bytes() -> i64 {
+    1_048_576
+}
+fn default_max_ready_lag() -> i64 {
+    30
+}
+
+impl Default for SyncSettings {
+    fn default() -> Self {
+        SyncSettings {
+            page_size: default_page_size(),
+            max_txn_ops: default_max_txn_ops(),
+            max_txn_bytes: default_max_txn_bytes(),
+            max_ready_lag_seconds: default_max_ready_lag(),
+        }
+    }
+}
+
+/// What the operator observes of the federation, as this region sees it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RegionPeeringStatus {
+    /// The generation the status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Ready, Replicating, PeersReachable, KeepaliveDegraded, and Conflict or Suspended when they apply.
+    #[serde(default)]
+    #[schemars(schema_with = "conditions_schema")]
+    pub conditions: Vec<Condition>,
+    /// The operator instance that holds this region's leadership.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader: Option<String>,
+    /// "ready/total" peers, for `kubectl get`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peers_ready: Option<String>,
+    /// The worst lag over all peers, such as "1s" or "12s/340rev", for `kubectl get`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worst_lag: Option<String>,
+    /// Origins mirrored into this region and their key counts, such as "b:120 c:98".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inbound_summary: Option<String>,
+    /// One entry per peer this region mirrors into.
+    #[serde(default)]
+    pub peers: Vec<PeerStatus>,
+    /// What the other regions mirror into this region's etcd, one entry per origin.
+    #[serde(default)]
+    pub inbound: Vec<InboundStatus>,
+}
+
+/// The mirror into one peer.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PeerStatus {
+    pub region: String,
+    /// Connecting, Syncing, Watching, Resyncing, Backoff, Fenced or Stopped.
+    pub phase: String,
+    /// The cross-region failure detector's verdict.
+    pub reachable: bool,
+    pub keepalive: KeepaliveStatus,
+    pub replication: ReplicationStatus,
+    /// The last error, with the time it happened.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+}
+
+/// The origin-heartbeat leases on one peer.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KeepaliveStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_success_time: Option<Time>,
+    pub consecutive_failures: i64,
+    /// The TTL the peer reported at the last keepalive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_remaining_seconds: Option<i64>,
+    /// How many leases (shards) this region holds on the peer.
+    pub leases: i64,
+}
+
+/// Replication progress into one peer.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicationStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag_seconds: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lag_revisions: Option<i64>,
+    /// The last origin revision the peer holds completely.
+    pub last_applied_revision: i64,
+    /// Keys of this region's subtree on the peer.
+    pub keys: i64,
+    /// Full resyncs since the worker started (compaction, lost lease).
+    pub resyncs: i64,
+    /// Whether the initial sync has completed and the canary is written.
+    pub synced: bool,
+}
+
+/// One origin region's mirror inside this region's etcd.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InboundStatus {
+    pub region: String,
+    pub keys: i64,
+    /// The shortest remaining TTL over the origin's leases here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_ttl_remaining_seconds: Option<i64>,
+    /// Whether the origin's sync canary is present: its complete snapshot has arrived.
+    pub synced: bool,
+    /// The origin revision the checkpoint records.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint_revision: Option<i64>,
+}
