@@ -274,7 +274,8 @@ mod tests {
             prop_assert_eq!(EndpointKeyV1::parse(&key.to_string()), Ok(key.clone()));
             prop_assert!(key.to_string().starts_with(&region_prefix(&key.region)));
             prop_assert!(key.to_string().starts_with(&service_prefix(&key.region, &key.cluster, &key.service)));
-            prop_assert_eq!(region_of(key.to_string().as_bytes()), Some(key.region.as_str()));
+            let text = key.to_string();
+            prop_assert_eq!(region_of(text.as_bytes()), Some(key.region.as_str()));
         }
 
         #[test]

@@ -1,0 +1,84 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DynamicObject, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use std::time::Duration;
+
+pub const DEADLINE: Duration = Duration::from_secs(30);
+
+/// Installs the generated CRDs and waits until each is Established.
+pub async fn install_crds(client: &kube::Client) -> anyhow::Result<()> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in aether_operator::api::all_crds() {
+        crds.create(&PostParams::default(), &crd).await?;
+    }
+    for crd in aether_operator::api::all_crds() {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        let crds = crds.clone();
+        aether_harness::wait_until(&format!("CRD {name} Established"), DEADLINE, || {
+            let (crds, name) = (crds.clone(), name.clone());
+            async move {
+                let crd = crds.get(&name).await?;
+                Ok(crd
+                    .status
+                    .and_then(|s| s.conditions)
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True"))
+            }
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+/// Creates the namespace if it is missing.
+pub async fn ensure_namespace(client: &kube::Client, name: &str) -> anyhow::Result<()> {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    if namespaces.get_opt(name).await?.is_none() {
+        let ns = serde_json::from_value(serde_json::json!({"metadata": {"name": name}}))?;
+        namespaces.create(&PostParams::default(), &ns).await?;
+    }
+    Ok(())
+}
+
+/// An untyped API for one of our kinds, so tests can send objects the Rust types cannot express.
+pub fn dynamic_api(client: &kube::Client, kind: &str, namespace: &str) -> Api<DynamicObject> {
+    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(aether_operator::api::GROUP, "v1alpha1", kind));
+    Api::namespaced_with(client.clone(), namespace, &resource)
+}
+
+/// Creates an object from a JSON value; the server's error message on rejection.
+pub async fn create_json(
+    client: &kube::Client,
+    namespace: &str,
+    object: serde_json::Value,
+) -> Result<DynamicObject, String> {
+    let kind = object["kind"].as_str().unwrap_or_default().to_string();
+    let object: DynamicObject = serde_json::from_value(object).map_err(|e| e.to_string())?;
+    dynamic_api(client, &kind, namespace).create(&PostParams::default(), &object).await.map_err(|e| match e {
+        kube::Error::Api(status) => status.message.clone(),
+        other => other.to_string(),
+    })
+}
+
+/// Every YAML document under a directory of the repository, parsed.
+pub fn yaml_documents(dir: &str) -> Vec<(String, serde_json::Value)> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(dir);
+    let mut out = Vec::new();
+    let mut files: Vec<_> = std::fs::read_dir(&root).expect("read dir").flatten().map(|e| e.path()).collect();
+    files.sort();
+    for path in files {
+        if path.extension().is_some_and(|e| e == "yaml") {
+            let text = std::fs::read_to_string(&path).expect("read yaml");
+            for doc in serde_yaml::Deserializer::from_str(&text) {
+                let value = <serde_json::Value as serde::Deserialize>::deserialize(doc).expect("valid YAML");
+                if !value.is_null() {
+                    out.push((path.display().to_string(), value));
+                }
+            }
+        }
+    }
+    out
+}
