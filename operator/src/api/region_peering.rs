@@ -1,4 +1,6 @@
 //! `RegionPeering`: "this region is X; its etcd is here; its peers are Y and Z with their etcds".
+// Every `printcolumn(...)` repeats the same keys, which clippy mistakes for duplicated attributes.
+#![allow(clippy::duplicated_attributes)]
 use super::common::{EtcdConnection, EtcdTls, conditions_schema};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};

@@ -1,4 +1,6 @@
 //! `RegistrySchema`: "this registry's schema is v1; migrate it from the legacy v0 layout".
+// Every `printcolumn(...)` repeats the same keys, which clippy mistakes for duplicated attributes.
+#![allow(clippy::duplicated_attributes)]
 use super::common::{EtcdConnection, conditions_schema};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
