@@ -142,6 +142,11 @@ pub fn checkpoint_key(origin: &str) -> String {
     format!("{}checkpoint", federation_prefix(origin))
 }
 
+/// The owner record for `origin` on a peer; its mod revision is the fencing epoch.
+pub fn owner_key(origin: &str) -> String {
+    format!("{}owner", federation_prefix(origin))
+}
+
 /// The sync canary for `origin` on a peer: present once the peer holds a complete snapshot.
 pub fn canary_key(origin: &str) -> String {
     format!("{}synced", federation_prefix(origin))

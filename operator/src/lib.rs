@@ -5,3 +5,4 @@
 
 pub mod api;
 pub mod keys;
+pub mod mirror;

@@ -1,0 +1,152 @@
+//! What a worker reports: a cheap snapshot the operator reads for status and metrics, and the
+//! events it turns into Kubernetes Events.
+use std::time::SystemTime;
+
+/// Where a worker is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Phase {
+    Connecting,
+    Syncing,
+    Watching,
+    Resyncing,
+    Backoff,
+    Fenced,
+    Stopped,
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Connecting => "Connecting",
+            Phase::Syncing => "Syncing",
+            Phase::Watching => "Watching",
+            Phase::Resyncing => "Resyncing",
+            Phase::Backoff => "Backoff",
+            Phase::Fenced => "Fenced",
+            Phase::Stopped => "Stopped",
+        }
+    }
+
+    pub const ALL: [Phase; 7] = [
+        Phase::Connecting,
+        Phase::Syncing,
+        Phase::Watching,
+        Phase::Resyncing,
+        Phase::Backoff,
+        Phase::Fenced,
+        Phase::Stopped,
+    ];
+}
+
+/// The health of one (origin, peer) mirror.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PeerHealth {
+    pub origin: String,
+    pub peer: String,
+    pub phase: Phase,
+    /// The cross-region failure detector's verdict.
+    pub reachable: bool,
+    pub keepalive_last_success: Option<SystemTime>,
+    pub keepalive_failures: u64,
+    /// The smallest TTL the peer reported at the last keepalive round.
+    pub lease_ttl_reported: Option<i64>,
+    pub lease_ttl_seconds: i64,
+    pub leases: usize,
+    /// The origin revision the peer holds completely.
+    pub last_applied_revision: i64,
+    /// The newest origin revision the worker has received.
+    pub last_seen_revision: i64,
+    /// When the oldest revision not yet applied was received; None when caught up.
+    pub pending_since: Option<SystemTime>,
+    /// Keys of the origin's subtree on the peer.
+    pub keys: i64,
+    pub resyncs: u64,
+    /// The peer has held a complete snapshot since the last (re)sync, and the canary is written.
+    pub synced: bool,
+    pub last_error: Option<String>,
+    pub last_error_time: Option<SystemTime>,
+    /// Source revisions too large for one Txn, applied in parts.
+    pub split_revisions: u64,
+    pub txns: u64,
+    pub ops: u64,
+}
+
+impl PeerHealth {
+    pub fn new(origin: &str, peer: &str, lease_ttl_seconds: i64) -> Self {
+        PeerHealth {
+            origin: origin.to_string(),
+            peer: peer.to_string(),
+            phase: Phase::Connecting,
+            reachable: true,
+            keepalive_last_success: None,
+            keepalive_failures: 0,
+            lease_ttl_reported: None,
+            lease_ttl_seconds,
+            leases: 0,
+            last_applied_revision: 0,
+            last_seen_revision: 0,
+            pending_since: None,
+            keys: 0,
+            resyncs: 0,
+            synced: false,
+            last_error: None,
+            last_error_time: None,
+            split_revisions: 0,
+            txns: 0,
+            ops: 0,
+        }
+    }
+
+    /// Seconds the oldest unapplied revision has waited (0 when caught up).
+    pub fn lag_seconds(&self, now: SystemTime) -> f64 {
+        self.pending_since.map(|t| now.duration_since(t).unwrap_or_default().as_secs_f64()).unwrap_or(0.0)
+    }
+
+    /// Origin revisions received but not yet applied.
+    pub fn lag_revisions(&self) -> i64 {
+        (self.last_seen_revision - self.last_applied_revision).max(0)
+    }
+
+    /// Seconds left on the leases if no keepalive succeeds from now on.
+    pub fn lease_ttl_remaining(&self, now: SystemTime) -> Option<i64> {
+        let since = now.duration_since(self.keepalive_last_success?).unwrap_or_default().as_secs() as i64;
+        Some((self.lease_ttl_reported.unwrap_or(self.lease_ttl_seconds) - since).max(0))
+    }
+}
+
+/// Why a full resync started.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResyncCause {
+    /// The first sync of this worker.
+    Initial,
+    /// The origin compacted past the revision the mirror needed.
+    Compacted,
+    /// A lease was lost (expired or revoked); its keys are gone from the peer.
+    LeaseLost,
+    /// The subtree outgrew its leases; keys move to more leases.
+    Reshard,
+}
+
+impl ResyncCause {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ResyncCause::Initial => "initial sync",
+            ResyncCause::Compacted => "origin compacted past the mirror's revision",
+            ResyncCause::LeaseLost => "a lease was lost",
+            ResyncCause::Reshard => "the subtree outgrew its leases",
+        }
+    }
+}
+
+/// Something a person may want to see as a Kubernetes Event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MirrorEvent {
+    ResyncStarted { cause: ResyncCause },
+    Synced { revision: i64, keys: i64 },
+    LeaseGranted { lease: i64, shard: usize },
+    LeasesAdopted { leases: usize, revision: i64 },
+    Fenced { by: String },
+    RegionUnreachable,
+    RegionReachable,
+    RevisionSplit { revision: i64, ops: usize },
+}

@@ -1,0 +1,110 @@
+//! The data plane: one worker per (origin region, peer region) pair mirrors the origin's subtree
+//! into the peer's etcd under origin-heartbeat leases. No Kubernetes in here.
+//!
+//! - [`plan`]: the paged sync diff and the packing of revisions into Txns (pure).
+//! - [`shards`]: which lease a key is attached to (pure).
+//! - [`checkpoint`]: the checkpoint and owner records kept on the peer.
+//! - [`worker`]: the IO loop: ownership and fencing, lease adoption, sync, watch, keepalive.
+//! - [`inbound`]: what other regions mirror into the local etcd, read-only.
+//! - [`health`], [`detector`], [`backoff`]: what a worker reports and how it waits.
+
+pub mod backoff;
+pub mod checkpoint;
+pub mod detector;
+pub mod health;
+pub mod inbound;
+pub mod plan;
+pub mod shards;
+pub mod worker;
+
+pub use health::{MirrorEvent, PeerHealth, Phase, ResyncCause};
+pub use worker::{MirrorHandle, spawn};
+
+use std::time::Duration;
+
+/// How to reach one etcd: endpoints and connect options (TLS, credentials).
+#[derive(Clone)]
+pub struct EtcdTarget {
+    pub endpoints: Vec<String>,
+    pub options: Option<etcd_client::ConnectOptions>,
+}
+
+impl std::fmt::Debug for EtcdTarget {
+    // Connect options hold credentials: never print them.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdTarget").field("endpoints", &self.endpoints).finish_non_exhaustive()
+    }
+}
+
+impl EtcdTarget {
+    pub fn plain(endpoints: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        EtcdTarget { endpoints: endpoints.into_iter().map(Into::into).collect(), options: None }
+    }
+
+    pub async fn connect(&self) -> Result<etcd_client::Client, etcd_client::Error> {
+        let options = self
+            .options
+            .clone()
+            .unwrap_or_default()
+            .with_connect_timeout(Duration::from_secs(5))
+            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
+            .with_keep_alive_while_idle(true);
+        etcd_client::Client::connect(&self.endpoints, Some(options)).await
+    }
+}
+
+/// Settings of one worker.
+#[derive(Clone, Debug)]
+pub struct MirrorConfig {
+    /// The region whose subtree is mirrored.
+    pub origin: String,
+    /// The region mirrored into.
+    pub peer: String,
+    /// This worker instance, unique across restarts and replicas (it is the fencing identity).
+    pub owner_id: String,
+    pub lease_ttl_seconds: i64,
+    pub keepalive_interval: Duration,
+    pub max_keys_per_lease: u64,
+    pub page_size: i64,
+    pub max_txn_ops: usize,
+    pub max_txn_bytes: usize,
+    /// Batch Txns in flight at once during a sync (keys of one sync are distinct).
+    pub sync_parallelism: usize,
+    /// Ops received but not applied before the worker stops reading the watch.
+    pub max_pending_ops: usize,
+    pub backoff_base: Duration,
+    pub backoff_cap: Duration,
+    /// The failure detector's acceptable pause.
+    pub acceptable_pause: Duration,
+    /// Deadline of each etcd request.
+    pub rpc_timeout: Duration,
+    /// How often the worker asks for watch progress, so an idle subtree still advances.
+    pub progress_interval: Duration,
+    /// How often an idle worker records its advanced revision in the checkpoint.
+    pub idle_checkpoint_interval: Duration,
+}
+
+impl MirrorConfig {
+    /// Defaults that match the CRD's.
+    pub fn new(origin: &str, peer: &str, owner_id: &str) -> Self {
+        MirrorConfig {
+            origin: origin.to_string(),
+            peer: peer.to_string(),
+            owner_id: owner_id.to_string(),
+            lease_ttl_seconds: 30,
+            keepalive_interval: Duration::from_secs(10),
+            max_keys_per_lease: 10_000,
+            page_size: 1000,
+            max_txn_ops: 128,
+            max_txn_bytes: 1 << 20,
+            sync_parallelism: 4,
+            max_pending_ops: 200_000,
+            backoff_base: Duration::from_millis(200),
+            backoff_cap: Duration::from_secs(30),
+            acceptable_pause: Duration::from_secs(10),
+            rpc_timeout: Duration::from_secs(10),
+            progress_interval: Duration::from_secs(2),
+            idle_checkpoint_interval: Duration::from_secs(60),
+        }
+    }
+}

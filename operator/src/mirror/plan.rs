@@ -1,0 +1,407 @@
+//! Planning the mirror, without IO: the paged diff of the initial sync, and the packing of
+//! operations into peer Txns that respect the peer's limits and never split a source revision
+//! unless that one revision alone exceeds them.
+use std::collections::{HashMap, VecDeque};
+
+/// A key-value as the planner needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Kv {
+    pub key: Vec<u8>,
+    pub value: Vec<u8>,
+    /// The lease the key is attached to (0 for none).
+    pub lease: i64,
+}
+
+/// One write on the peer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MirrorOp {
+    /// Put the key with this value, attached to the lease of `shard`.
+    Put {
+        key: Vec<u8>,
+        value: Vec<u8>,
+        shard: usize,
+    },
+    Delete {
+        key: Vec<u8>,
+    },
+}
+
+impl MirrorOp {
+    pub fn key(&self) -> &[u8] {
+        match self {
+            MirrorOp::Put { key, .. } | MirrorOp::Delete { key } => key,
+        }
+    }
+
+    /// What the op adds to a request, approximately: key, value and protobuf framing.
+    pub fn wire_size(&self) -> usize {
+        const FRAMING: usize = 24;
+        match self {
+            MirrorOp::Put { key, value, .. } => key.len() + value.len() + FRAMING,
+            MirrorOp::Delete { key } => key.len() + FRAMING,
+        }
+    }
+}
+
+/// One step of the sorted merge between the origin's snapshot and the peer's copy, over pages.
+/// Keys are consumed from the fronts of both queues; the merge stops where it needs another page
+/// of a side that is not exhausted. `desired_shard(key)` names the lease shard a key belongs on,
+/// and `shard_lease(shard)` that shard's lease id.
+pub fn merge_step(
+    origin: &mut VecDeque<Kv>,
+    origin_done: bool,
+    peer: &mut VecDeque<Kv>,
+    peer_done: bool,
+    desired_shard: impl Fn(&[u8]) -> usize,
+    shard_lease: impl Fn(usize) -> i64,
+    out: &mut Vec<MirrorOp>,
+) {
+    loop {
+        match (origin.front(), peer.front()) {
+            (Some(o), Some(p)) => match o.key.cmp(&p.key) {
+                std::cmp::Ordering::Less => {
+                    let o = origin.pop_front().expect("front exists");
+                    out.push(put(o, &desired_shard));
+                }
+                std::cmp::Ordering::Greater => {
+                    let p = peer.pop_front().expect("front exists");
+                    out.push(MirrorOp::Delete { key: p.key });
+                }
+                std::cmp::Ordering::Equal => {
+                    let o = origin.pop_front().expect("front exists");
+                    let p = peer.pop_front().expect("front exists");
+                    let shard = desired_shard(&o.key);
+                    // Compare the lease too: a value-equal key still on a lost or previous lease
+                    // would silently expire with it.
+                    if o.value != p.value || p.lease != shard_lease(shard) {
+                        out.push(MirrorOp::Put { key: o.key, value: o.value, shard });
+                    }
+                }
+            },
+            (Some(_), None) if peer_done => {
+                let o = origin.pop_front().expect("front exists");
+                out.push(put(o, &desired_shard));
+            }
+            (None, Some(_)) if origin_done => {
+                let p = peer.pop_front().expect("front exists");
+                out.push(MirrorOp::Delete { key: p.key });
+            }
+            _ => return,
+        }
+    }
+}
+
+fn put(kv: Kv, desired_shard: &impl Fn(&[u8]) -> usize) -> MirrorOp {
+    let shard = desired_shard(&kv.key);
+    MirrorOp::Put { key: kv.key, value: kv.value, shard }
+}
+
+/// What one peer Txn may carry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TxnLimits {
+    /// Operations, after reserving room for the checkpoint and the canary.
+    pub max_ops: usize,
+    /// Bytes, after reserving room for the checkpoint and the canary.
+    pub max_bytes: usize,
+}
+
+impl TxnLimits {
+    /// Limits for mirror ops given the peer's totals, keeping room for the bookkeeping puts.
+    pub fn for_peer(max_txn_ops: usize, max_txn_bytes: usize, reserved_ops: usize, reserved_bytes: usize) -> Self {
+        TxnLimits {
+            max_ops: max_txn_ops.saturating_sub(reserved_ops).max(1),
+            max_bytes: max_txn_bytes.saturating_sub(reserved_bytes).max(1),
+        }
+    }
+}
+
+/// Accumulates sync ops into Txn-sized batches. Keys of one sync pass are distinct, so batches
+/// may be applied in any order (and so in parallel).
+pub struct SyncBatcher {
+    limits: TxnLimits,
+    current: Vec<MirrorOp>,
+    bytes: usize,
+}
+
+impl SyncBatcher {
+    pub fn new(limits: TxnLimits) -> Self {
+        SyncBatcher { limits, current: Vec::new(), bytes: 0 }
+    }
+
+    /// Adds an op; returns a full batch when this op did not fit into the current one.
+    pub fn push(&mut self, op: MirrorOp) -> Option<Vec<MirrorOp>> {
+        let size = op.wire_size();
+        let full = !self.current.is_empty()
+            && (self.current.len() + 1 > self.limits.max_ops || self.bytes + size > self.limits.max_bytes);
+        let flushed = if full { self.take() } else { None };
+        self.bytes += size;
+        self.current.push(op);
+        flushed
+    }
+
+    /// The partial batch, if any.
+    pub fn take(&mut self) -> Option<Vec<MirrorOp>> {
+        self.bytes = 0;
+        if self.current.is_empty() { None } else { Some(std::mem::take(&mut self.current)) }
+    }
+}
+
+/// The writes of one source revision, in the order the origin made them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Revision {
+    pub revision: i64,
+    pub ops: Vec<MirrorOp>,
+}
+
+/// A peer Txn planned from pending revisions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WatchBatch {
+    /// Ops with at most one per key (the last write of the batch wins, as it would in order).
+    pub ops: Vec<MirrorOp>,
+    /// The origin revision the peer holds completely once this batch applies.
+    pub applied_through: i64,
+    /// How many pending revisions (from the front) this batch consumes completely.
+    pub revisions_consumed: usize,
+    /// Ops of the next revision consumed when that revision alone exceeds the limits (the
+    /// revision is then split over several Txns).
+    pub split_ops_consumed: usize,
+}
+
+/// Plans the next peer Txn from the pending revisions: as many whole revisions as fit. A single
+/// revision that exceeds the limits on its own is split, and the split is reported through
+/// `split_ops_consumed`, so that the caller can say so.
+///
+/// `applied_through` is the revision the peer already holds completely.
+pub fn next_watch_batch(
+    pending: &VecDeque<Revision>,
+    already_split: usize,
+    applied_through: i64,
+    limits: TxnLimits,
+) -> Option<WatchBatch> {
+    let first = pending.front()?;
+    let mut ops: Vec<MirrorOp> = Vec::new();
+    let mut index: HashMap<Vec<u8>, usize> = HashMap::new();
+    let mut count = 0usize;
+    let mut bytes = 0usize;
+    let mut consumed = 0usize;
+    let mut through = applied_through;
+
+    let add = |op: &MirrorOp, ops: &mut Vec<MirrorOp>, index: &mut HashMap<Vec<u8>, usize>| match index.get(op.key()) {
+        Some(&i) => ops[i] = op.clone(),
+        None => {
+            index.insert(op.key().to_vec(), ops.len());
+            ops.push(op.clone());
+        }
+    };
+
+    // A revision that was already partly applied, or that cannot fit in any Txn: split it.
+    let first_cost: usize = first.ops[already_split..].iter().map(MirrorOp::wire_size).sum();
+    if already_split > 0 || first.ops.len() > limits.max_ops || first_cost > limits.max_bytes {
+        let mut taken = 0;
+        for op in &first.ops[already_split..] {
+            if taken > 0 && (count + 1 > limits.max_ops || bytes + op.wire_size() > limits.max_bytes) {
+                break;
+            }
+            count += 1;
+            bytes += op.wire_size();
+            add(op, &mut ops, &mut index);
+            taken += 1;
+        }
+        let finished = already_split + taken == first.ops.len();
+        return Some(WatchBatch {
+            ops,
+            applied_through: if finished { first.revision } else { applied_through },
+            revisions_consumed: usize::from(finished),
+            split_ops_consumed: if finished { 0 } else { already_split + taken },
+        });
+    }
+
+    for revision in pending {
+        let cost: usize = revision.ops.iter().map(MirrorOp::wire_size).sum();
+        if consumed > 0 && (count + revision.ops.len() > limits.max_ops || bytes + cost > limits.max_bytes) {
+            break;
+        }
+        count += revision.ops.len();
+        bytes += cost;
+        for op in &revision.ops {
+            add(op, &mut ops, &mut index);
+        }
+        consumed += 1;
+        through = revision.revision;
+    }
+    Some(WatchBatch { ops, applied_through: through, revisions_consumed: consumed, split_ops_consumed: 0 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    fn kv(key: &str, value: &str, lease: i64) -> Kv {
+        Kv { key: key.into(), value: value.into(), lease }
+    }
+
+    fn run_merge(origin: Vec<Kv>, peer: Vec<Kv>, page: usize) -> Vec<MirrorOp> {
+        // Feed both sides page by page, as the worker does.
+        let (mut o_src, mut p_src) = (VecDeque::from(origin), VecDeque::from(peer));
+        let (mut o, mut p) = (VecDeque::new(), VecDeque::new());
+        let mut out = Vec::new();
+        loop {
+            if o.is_empty() {
+                o.extend(o_src.drain(..page.min(o_src.len())));
+            }
+            if p.is_empty() {
+                p.extend(p_src.drain(..page.min(p_src.len())));
+            }
+            let (o_done, p_done) = (o_src.is_empty(), p_src.is_empty());
+            merge_step(&mut o, o_done, &mut p, p_done, |_| 0, |_| 7, &mut out);
+            if o_done && p_done && o.is_empty() && p.is_empty() {
+                return out;
+            }
+        }
+    }
+
+    #[test]
+    fn merge_puts_missing_changed_and_wrongly_leased_keys_and_deletes_stale_ones() {
+        let origin = vec![kv("a", "1", 0), kv("b", "2", 0), kv("c", "3", 0), kv("e", "5", 0)];
+        let peer = vec![kv("b", "2", 7), kv("c", "3", 99), kv("d", "4", 7), kv("e", "old", 7)];
+        let ops = run_merge(origin, peer, 1);
+        assert_eq!(
+            ops,
+            vec![
+                MirrorOp::Put { key: b"a".to_vec(), value: b"1".to_vec(), shard: 0 },
+                MirrorOp::Put { key: b"c".to_vec(), value: b"3".to_vec(), shard: 0 },
+                MirrorOp::Delete { key: b"d".to_vec() },
+                MirrorOp::Put { key: b"e".to_vec(), value: b"5".to_vec(), shard: 0 },
+            ]
+        );
+    }
+
+    proptest! {
+        /// Applying the merge's ops to the peer makes it equal to the origin, with every key on
+        /// the desired lease, whatever the page size.
+        #[test]
+        fn merge_converges(origin in proptest::collection::btree_map("[a-e]{1,3}", "[xy]{0,2}", 0..40),
+                           peer in proptest::collection::btree_map("[a-e]{1,3}", ("[xy]{0,2}", prop_oneof![Just(7i64), Just(3i64)]), 0..40),
+                           page in 1usize..10) {
+            let o: Vec<Kv> = origin.iter().map(|(k, v)| kv(k, v, 0)).collect();
+            let p: Vec<Kv> = peer.iter().map(|(k, (v, l))| kv(k, v, *l)).collect();
+            let mut state: BTreeMap<String, (String, i64)> = peer.clone();
+            for op in run_merge(o, p, page) {
+                match op {
+                    MirrorOp::Put { key, value, .. } => { state.insert(String::from_utf8(key).unwrap(), (String::from_utf8(value).unwrap(), 7)); }
+                    MirrorOp::Delete { key } => { state.remove(&String::from_utf8(key).unwrap()); }
+                }
+            }
+            let expected: BTreeMap<String, (String, i64)> = origin.into_iter().map(|(k, v)| (k, (v, 7))).collect();
+            prop_assert_eq!(state, expected);
+        }
+    }
+
+    fn limits(ops: usize, bytes: usize) -> TxnLimits {
+        TxnLimits { max_ops: ops, max_bytes: bytes }
+    }
+
+    fn rev(revision: i64, keys: &[&str]) -> Revision {
+        Revision {
+            revision,
+            ops: keys
+                .iter()
+                .map(|k| MirrorOp::Put {
+                    key: k.as_bytes().to_vec(),
+                    value: revision.to_string().into_bytes(),
+                    shard: 0,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn batches_hold_whole_revisions_and_coalesce() {
+        let pending: VecDeque<Revision> = vec![rev(5, &["a", "b"]), rev(6, &["a"]), rev(7, &["c", "d", "e"])].into();
+        let batch = next_watch_batch(&pending, 0, 4, limits(4, 1 << 20)).unwrap();
+        // Revisions 5 and 6 fit (3 ops); 7 would make 6 ops.
+        assert_eq!(batch.revisions_consumed, 2);
+        assert_eq!(batch.applied_through, 6);
+        // "a" was written twice: the Txn carries only its last value.
+        assert_eq!(batch.ops.len(), 2);
+        assert!(batch.ops.contains(&MirrorOp::Put { key: b"a".to_vec(), value: b"6".to_vec(), shard: 0 }));
+    }
+
+    #[test]
+    fn a_put_then_delete_in_one_batch_deletes() {
+        let pending: VecDeque<Revision> =
+            vec![rev(5, &["a"]), Revision { revision: 6, ops: vec![MirrorOp::Delete { key: b"a".to_vec() }] }].into();
+        let batch = next_watch_batch(&pending, 0, 4, limits(10, 1 << 20)).unwrap();
+        assert_eq!(batch.ops, vec![MirrorOp::Delete { key: b"a".to_vec() }]);
+    }
+
+    #[test]
+    fn an_oversized_revision_is_split_and_reported() {
+        let pending: VecDeque<Revision> = vec![rev(9, &["a", "b", "c", "d", "e"]), rev(10, &["f"])].into();
+        let first = next_watch_batch(&pending, 0, 8, limits(2, 1 << 20)).unwrap();
+        assert_eq!(
+            (first.ops.len(), first.applied_through, first.split_ops_consumed, first.revisions_consumed),
+            (2, 8, 2, 0)
+        );
+        let second = next_watch_batch(&pending, 2, 8, limits(2, 1 << 20)).unwrap();
+        assert_eq!((second.ops.len(), second.applied_through, second.split_ops_consumed), (2, 8, 4));
+        let third = next_watch_batch(&pending, 4, 8, limits(2, 1 << 20)).unwrap();
+        assert_eq!(
+            (third.ops.len(), third.applied_through, third.split_ops_consumed, third.revisions_consumed),
+            (1, 9, 0, 1)
+        );
+    }
+
+    #[test]
+    fn byte_limits_are_respected() {
+        let big = |r: i64, k: &str| Revision {
+            revision: r,
+            ops: vec![MirrorOp::Put { key: k.into(), value: vec![0; 400], shard: 0 }],
+        };
+        let pending: VecDeque<Revision> = vec![big(1, "a"), big(2, "b"), big(3, "c")].into();
+        let batch = next_watch_batch(&pending, 0, 0, limits(100, 1000)).unwrap();
+        assert_eq!(batch.revisions_consumed, 2);
+        assert!(batch.ops.iter().map(MirrorOp::wire_size).sum::<usize>() <= 1000);
+    }
+
+    proptest! {
+        /// Planning batch after batch consumes every revision exactly once, in order, never puts
+        /// part of a revision that fits into a Txn, and respects the op limit.
+        #[test]
+        fn batches_cover_revisions_in_order(sizes in proptest::collection::vec(1usize..6, 1..30), max_ops in 1usize..8) {
+            let mut pending: VecDeque<Revision> = sizes.iter().enumerate()
+                .map(|(i, n)| rev(i as i64 + 1, &(0..*n).map(|k| ["a","b","c","d","e","f"][k]).collect::<Vec<_>>()))
+                .collect();
+            let (mut through, mut split) = (0i64, 0usize);
+            while let Some(batch) = next_watch_batch(&pending, split, through, limits(max_ops, 1 << 20)) {
+                prop_assert!(batch.ops.len() <= max_ops);
+                prop_assert!(batch.applied_through >= through);
+                if batch.split_ops_consumed == 0 && split == 0 {
+                    // Whole revisions only.
+                    prop_assert!(batch.revisions_consumed >= 1);
+                } else {
+                    prop_assert!(pending.front().unwrap().ops.len() > max_ops);
+                }
+                through = batch.applied_through;
+                split = batch.split_ops_consumed;
+                for _ in 0..batch.revisions_consumed { pending.pop_front(); }
+            }
+            prop_assert_eq!(through, sizes.len() as i64);
+        }
+    }
+
+    #[test]
+    fn sync_batches_respect_limits() {
+        let mut batcher = SyncBatcher::new(limits(3, 1 << 20));
+        let mut batches = Vec::new();
+        for i in 0..10u8 {
+            if let Some(b) = batcher.push(MirrorOp::Delete { key: vec![i] }) {
+                batches.push(b);
+            }
+        }
+        batches.extend(batcher.take());
+        assert_eq!(batches.iter().map(Vec::len).collect::<Vec<_>>(), vec![3, 3, 3, 1]);
+    }
+}

@@ -1,0 +1,559 @@
+//! The mirror against real etcd servers: sync, watch, pruning, compaction, lease expiry, handoff,
+//! fencing, faults, least privilege, and a randomized run. `AETHER_ETCD=3.4` runs it on 3.4.
+use aether_harness::{EtcdServer, wait_until};
+use aether_operator::keys;
+use aether_operator::mirror::{self, EtcdTarget, MirrorConfig, MirrorEvent, MirrorHandle, Phase};
+use etcd_client::{Client, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions};
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+fn config(owner: &str) -> MirrorConfig {
+    let mut c = MirrorConfig::new("a", "b", owner);
+    c.lease_ttl_seconds = 4;
+    c.keepalive_interval = Duration::from_secs(1);
+    c.backoff_base = Duration::from_millis(50);
+    c.backoff_cap = Duration::from_secs(1);
+    c.rpc_timeout = Duration::from_secs(3);
+    c.acceptable_pause = Duration::from_secs(2);
+    c.progress_interval = Duration::from_millis(500);
+    c.page_size = 500;
+    c
+}
+
+struct Pair {
+    origin: EtcdServer,
+    peer: EtcdServer,
+}
+
+async fn pair() -> Pair {
+    let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("b")).expect("etcd starts");
+    Pair { origin, peer }
+}
+
+async fn client(etcd: &EtcdServer) -> Client {
+    Client::connect([etcd.endpoint()], None).await.expect("connect")
+}
+
+fn start(config: MirrorConfig, pair: &Pair) -> (MirrorHandle, mpsc::Receiver<MirrorEvent>) {
+    let (tx, rx) = mpsc::channel(1024);
+    let handle = mirror::spawn(
+        config,
+        EtcdTarget::plain([pair.origin.endpoint()]),
+        EtcdTarget::plain([pair.peer.endpoint()]),
+        tx,
+    );
+    (handle, rx)
+}
+
+fn endpoint_key(region: &str, i: usize) -> String {
+    format!(
+        "{}clusters/c{}/services/svc{}/protocols/tcp/endpoints/10.0.{}.{}",
+        keys::region_prefix(region),
+        i % 3,
+        i % 50,
+        i / 250,
+        i % 250
+    )
+}
+
+fn endpoint_value(region: &str, i: usize, version: &str) -> String {
+    format!(
+        r#"{{"clusterName":"c{}","region":"{region}","zone":"z1","address":"10.0.{}.{}","port":8080,"version":"{version}"}}"#,
+        i % 3,
+        i / 250,
+        i % 250
+    )
+}
+
+/// key -> (value, lease) under a prefix.
+async fn subtree(c: &mut Client, prefix: &str) -> BTreeMap<Vec<u8>, (Vec<u8>, i64)> {
+    let resp = c.get(prefix, Some(GetOptions::new().with_prefix())).await.expect("range");
+    resp.kvs().iter().map(|kv| (kv.key().to_vec(), (kv.value().to_vec(), kv.lease()))).collect()
+}
+
+/// key -> value under a prefix.
+async fn values(c: &mut Client, prefix: &str) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    subtree(c, prefix).await.into_iter().map(|(k, (v, _))| (k, v)).collect()
+}
+
+async fn write_keys(c: &mut Client, region: &str, range: std::ops::Range<usize>, version: &str) {
+    let keys: Vec<usize> = range.collect();
+    for chunk in keys.chunks(100) {
+        let ops: Vec<TxnOp> = chunk
+            .iter()
+            .map(|i| TxnOp::put(endpoint_key(region, *i), endpoint_value(region, *i, version), None))
+            .collect();
+        c.txn(Txn::new().and_then(ops)).await.expect("origin txn");
+    }
+}
+
+/// Waits until the peer's copy of the origin's subtree equals the origin's.
+async fn converged(pair: &Pair) {
+    let (mut o, mut p) = (client(&pair.origin).await, client(&pair.peer).await);
+    let prefix = keys::region_prefix("a");
+    wait_until("peer == origin", DEADLINE, || {
+        let (mut o, mut p, prefix) = (o.clone(), p.clone(), prefix.clone());
+        async move { Ok(values(&mut o, &prefix).await == values(&mut p, &prefix).await) }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    // Keep the clients used so that the borrow checker sees them live until here.
+    let _ = (o.status().await, p.status().await);
+}
+
+async fn wait_phase(handle: &MirrorHandle, phase: Phase) {
+    let mut rx = handle.subscribe();
+    tokio::time::timeout(DEADLINE, rx.wait_for(|h| h.phase == phase))
+        .await
+        .unwrap_or_else(|_| panic!("phase {phase:?} not reached; health: {:?}", handle.health()))
+        .expect("worker alive");
+}
+
+async fn wait_synced(handle: &MirrorHandle) {
+    let mut rx = handle.subscribe();
+    tokio::time::timeout(DEADLINE, rx.wait_for(|h| h.synced && h.phase == Phase::Watching))
+        .await
+        .unwrap_or_else(|_| panic!("not synced; health: {:?}", handle.health()))
+        .expect("worker alive");
+}
+
+/// The leases a worker's checkpoint names on the peer.
+async fn checkpoint_leases(peer: &mut Client) -> Vec<i64> {
+    let resp = peer.get(keys::checkpoint_key("a"), None).await.expect("get checkpoint");
+    let cp = mirror::checkpoint::Checkpoint::decode(resp.kvs()[0].value()).expect("checkpoint decodes");
+    cp.leases
+}
+
+#[tokio::test]
+async fn sync_spans_pages_and_source_revisions_arrive_whole() {
+    let pair = pair().await;
+    let mut origin = client(&pair.origin).await;
+    let mut peer = client(&pair.peer).await;
+    write_keys(&mut origin, "a", 0..5200, "v1").await;
+
+    let mut cfg = config("w1");
+    cfg.page_size = 300;
+    cfg.max_keys_per_lease = 1000;
+    let (handle, _events) = start(cfg, &pair);
+    wait_synced(&handle).await;
+    converged(&pair).await;
+    let peer_keys = subtree(&mut peer, &keys::region_prefix("a")).await;
+    assert_eq!(peer_keys.len(), 5200);
+    let leases = checkpoint_leases(&mut peer).await;
+    assert!(leases.len() > 1, "5200 keys with at most 1000 a lease need several leases");
+    assert!(
+        peer_keys.values().all(|(_, lease)| leases.contains(lease)),
+        "every key carries one of the worker's leases"
+    );
+    assert!(peer.get(keys::canary_key("a"), None).await.unwrap().count() == 1, "the sync canary is written");
+
+    // Record every peer revision's events under the mirrored prefix.
+    let start_rev = peer.status().await.unwrap().header().unwrap().revision() + 1;
+    let mut watch = peer
+        .watch(keys::region_prefix("a"), Some(WatchOptions::new().with_prefix().with_start_revision(start_rev)))
+        .await
+        .unwrap();
+
+    // Multi-key origin Txns, each tagged with its own version, plus deletes.
+    for t in 0..200usize {
+        let members: Vec<usize> = (0..5).map(|j| (t * 37 + j * 1009) % 5200).collect();
+        let mut ops: Vec<TxnOp> = members
+            .iter()
+            .map(|i| TxnOp::put(endpoint_key("a", *i), endpoint_value("a", *i, &format!("t{t}")), None))
+            .collect();
+        if t % 10 == 0 {
+            ops.push(TxnOp::delete(endpoint_key("a", 5000 + t / 10), None));
+        }
+        origin.txn(Txn::new().and_then(ops)).await.unwrap();
+    }
+    converged(&pair).await;
+
+    // Group the peer's events by peer revision: every origin Txn's keys land in one peer revision.
+    let mut txn_revisions: HashMap<String, std::collections::HashSet<i64>> = HashMap::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut seen = 0;
+    while seen < 200 * 5 && Instant::now() < deadline {
+        let Ok(Ok(Some(resp))) = tokio::time::timeout(Duration::from_secs(5), watch.message()).await else { break };
+        for event in resp.events() {
+            let kv = event.kv().unwrap();
+            if event.event_type() == EventType::Put {
+                let value = String::from_utf8_lossy(kv.value()).to_string();
+                if let Some(tag) = value.split("\"version\":\"").nth(1).and_then(|r| r.split('"').next())
+                    && tag.starts_with('t')
+                {
+                    seen += 1;
+                    txn_revisions.entry(tag.to_string()).or_default().insert(kv.mod_revision());
+                }
+                }
+            }
+        }
+    }
+    assert!(!txn_revisions.is_empty());
+    for (tag, revisions) in &txn_revisions {
+        assert_eq!(revisions.len(), 1, "origin txn {tag} was split across peer revisions {revisions:?}");
+    }
+    let health = handle.health();
+    assert!(health.txns < 200, "revisions are coalesced: {} peer txns for 200 origin txns", health.txns);
+    assert_eq!(
+        health.keys,
+        key_count(&mut peer, &keys::region_prefix("a")).await,
+        "the reported key count is the peer's"
+    );
+    handle.shutdown().await;
+}
+
+#[tokio::test]
+async fn stale_peer_keys_are_pruned_and_nothing_else_is_touched() {
+    let pair = pair().await;
+    let mut origin = client(&pair.origin).await;
+    let mut peer = client(&pair.peer).await;
+    write_keys(&mut origin, "a", 0..50, "v1").await;
+    // On the peer: a stale copy of a's subtree, the peer's own keys, another origin's mirror.
+    write_keys(&mut peer, "a", 40..80, "old").await;
+    write_keys(&mut peer, "b", 0..30, "own").await;
+    write_keys(&mut peer, "c", 0..30, "mirrored").await;
+    peer.put("/aether/services/legacy/protocols/tcp/endpoints/1.1.1.1", "x", None).await.unwrap();
+    // Keys that share a's prefix as a string but belong to another region.
+    peer.put("/aether/v1/regions/ab/clusters/c/services/s/protocols/tcp/endpoints/1.1.1.1", "ab", None).await.unwrap();
+    let before_b = values(&mut peer, &keys::region_prefix("b")).await;
+    let before_c = values(&mut peer, &keys::region_prefix("c")).await;
+
+    let (handle, _events) = start(config("w1"), &pair);
+    wait_synced(&handle).await;
+    converged(&pair).await;
+    assert_eq!(values(&mut peer, &keys::region_prefix("b")).await, before_b);
+    assert_eq!(values(&mut peer, &keys::region_prefix("c")).await, before_c);
+    assert_eq!(peer.get("/aether/services/", Some(GetOptions::new().with_prefix())).await.unwrap().count(), 1);
+    assert_eq!(peer.get(keys::region_prefix("ab"), Some(GetOptions::new().with_prefix())).await.unwrap().count(), 1);
+    // The origin's subtree on the peer is a's exactly: the 10 keys beyond 50 are gone.
+    assert_eq!(values(&mut peer, &keys::region_prefix("a")).await.len(), 50);
+    handle.shutdown().await;
+}
+
+#[tokio::test]
+async fn compaction_while_disconnected_leads_to_a_resync() {
+    let pair = pair().await;
+    let mut origin = client(&pair.origin).await;
+    write_keys(&mut origin, "a", 0..100, "v1").await;
+    let (first, _e) = start(config("w1"), &pair);
+    wait_synced(&first).await;
+    first.shutdown().await;
+
+    // While no worker runs: changes, then a compaction past them.
+    write_keys(&mut origin, "a", 50..150, "v2").await;
+    origin.delete(endpoint_key("a", 3), None).await.unwrap();
+    let rev = origin.status().await.unwrap().header().unwrap().revision();
+    origin.compact(rev, None).await.unwrap();
+
+    // The successor adopts the checkpoint, finds its revision compacted, and resyncs.
+    let (second, mut events) = start(config("w2"), &pair);
+    converged(&pair).await;
+    wait_synced(&second).await;
+    let mut saw_compaction = false;
+    while let Ok(event) = events.try_recv() {
+        saw_compaction |= event == MirrorEvent::ResyncStarted { cause: mirror::ResyncCause::Compacted };
+    }
+    assert!(saw_compaction, "a ResyncStarted event names the compaction");
+    assert_eq!(second.health().resyncs, 1);
+    second.shutdown().await;
+}
+
+async fn key_count(c: &mut Client, prefix: &str) -> i64 {
+    c.get(prefix, Some(GetOptions::new().with_prefix().with_count_only())).await.map(|r| r.count()).unwrap_or(-1)
+}
+
+/// Polls until the origin's mirror is gone from the peer; returns how long that took.
+async fn time_until_mirror_lapses(peer: &Client) -> Duration {
+    let start = Instant::now();
+    let prefix = keys::region_prefix("a");
+    wait_until("mirror lapses", DEADLINE, || {
+        let (mut p, prefix) = (peer.clone(), prefix.clone());
+        async move { Ok(key_count(&mut p, &prefix).await == 0) }
+    })
+    .await
+    .unwrap();
+    start.elapsed()
+}
+
+#[tokio::test]
+async fn a_crashed_worker_and_a_stopped_one_both_let_the_mirror_lapse_with_the_ttl() {
+    let pair = pair().await;
+    let mut origin = client(&pair.origin).await;
+    let peer = client(&pair.peer).await;
+    write_keys(&mut origin, "a", 0..200, "v1").await;
+    let cfg = config("w1");
+    let ttl = Duration::from_secs(cfg.lease_ttl_seconds as u64);
+    let interval = cfg.keepalive_interval;
+
+    // A crash: no further request of any kind.
+    let (handle, _e) = start(cfg.clone(), &pair);
+    wait_synced(&handle).await;
+    handle.abort();
+    let lapsed = time_until_mirror_lapses(&peer).await;
+    assert!(lapsed <= ttl + interval + Duration::from_secs(2), "crash: lapsed after {lapsed:?}");
+
+    // A clean shutdown: no revoke, so nothing disappears before the TTL.
+    let (handle, _e) = start(config("w2"), &pair);
+    wait_synced(&handle).await;
+    handle.shutdown().await;
+    let lapsed = time_until_mirror_lapses(&peer).await;
+    assert!(lapsed + interval >= ttl, "clean shutdown: keys vanished after {lapsed:?}, before the TTL of {ttl:?}");
+    assert!(lapsed <= ttl + interval + Duration::from_secs(2), "clean shutdown: lapsed after {lapsed:?}");
+}
+
+#[tokio::test]
+async fn a_successor_adopts_the_leases_and_resumes_without_reputting() {
+    let pair = pair().await;
+    let mut origin = client(&pair.origin).await;
+    let mut peer = client(&pair.peer).await;
+    write_keys(&mut origin, "a", 0..1000, "v1").await;
+    let (first, _e) = start(config("leader-1"), &pair);
+    wait_synced(&first).await;
+    let leases_before = checkpoint_leases(&mut peer).await;
+
+    let rev = peer.status().await.unwrap().header().unwrap().revision() + 1;
+    let mut watch = peer
+        .watch(keys::region_prefix("a"), Some(WatchOptions::new().with_prefix().with_start_revision(rev)))
+        .await
+        .unwrap();
+
+    // Leader handoff: the old one stops (no revoke), a new one starts within the TTL.
+    first.shutdown().await;
+    let (second, mut events) = start(config("leader-2"), &pair);
+    wait_phase(&second, Phase::Watching).await;
+    let adopted = tokio::time::timeout(DEADLINE, async {
+        loop {
+            match events.recv().await {
+                Some(MirrorEvent::LeasesAdopted { .. }) => return true,
+                Some(MirrorEvent::ResyncStarted { .. }) | None => return false,
+                _ => {}
+            }
+        }
+    })
+    .await
+    .unwrap();
+    assert!(adopted, "the successor adopts the leases instead of resyncing");
+    assert_eq!(checkpoint_leases(&mut peer).await, leases_before);
+
+    // Outlive the old keepalives: the successor keeps the adopted leases alive.
+    tokio::time::sleep(Duration::from_secs(6)).await; // longer than the 4 s TTL, on purpose
+    origin.put(endpoint_key("a", 5000), endpoint_value("a", 5000, "new"), None).await.unwrap();
+    converged(&pair).await;
+    assert_eq!(key_count(&mut peer, &keys::region_prefix("a")).await, 1001);
+
+    // The peer saw exactly one write under the prefix (the new key), no re-put and no delete.
+    let mut writes = Vec::new();
+    while let Ok(Ok(Some(resp))) = tokio::time::timeout(Duration::from_millis(500), watch.message()).await {
+        writes.extend(resp.events().iter().map(|e| (e.event_type(), e.kv().unwrap().key().to_vec())));
+    }
+    assert_eq!(writes, vec![(EventType::Put, endpoint_key("a", 5000).into_bytes())]);
+    second.shutdown().await;
+}
+
+#[tokio::test]
+async fn of_two_workers_for_one_pair_only_the_newer_writes() {
+    let pair = pair().await;
+    let mut origin = client(&pair.origin).await;
+    let mut peer = client(&pair.peer).await;
+    write_keys(&mut origin, "a", 0..100, "v1").await;
+    let (old, mut old_events) = start(config("deposed"), &pair);
+    wait_synced(&old).await;
+    let (new, _e) = start(config("current"), &pair);
+    wait_synced(&new).await;
+
+    // The next origin write reaches both; only the owner may apply it.
+    origin.put(endpoint_key("a", 7), endpoint_value("a", 7, "after-handoff"), None).await.unwrap();
+    wait_phase(&old, Phase::Fenced).await;
+    converged(&pair).await;
+    let mut fenced_by = None;
+    while let Ok(event) = old_events.try_recv() {
+        if let MirrorEvent::Fenced { by } = event {
+            fenced_by = Some(by);
+        }
+    }
+    assert_eq!(fenced_by.as_deref(), Some("current"));
+    let owner = peer.get(keys::owner_key("a"), None).await.unwrap();
+    assert!(String::from_utf8_lossy(owner.kvs()[0].value()).contains("current"));
+    assert_eq!(new.health().phase, Phase::Watching);
+    old.shutdown().await;
+    new.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_mirror_recovers_from_peer_and_origin_restarts_and_lost_leases() {
+    let mut pair = pair().await;
+    let mut origin = client(&pair.origin).await;
+    write_keys(&mut origin, "a", 0..300, "v1").await;
+    let (handle, mut events) = start(config("w1"), &pair);
+    wait_synced(&handle).await;
+
+    // The peer dies hard and comes back.
+    pair.peer.kill();
+    write_keys(&mut origin, "a", 0..20, "while-peer-down").await;
+    pair.peer.restart().await.unwrap();
+    converged(&pair).await;
+
+    // The origin restarts.
+    pair.origin.stop();
+    pair.origin.restart().await.unwrap();
+    let mut origin = client(&pair.origin).await;
+    write_keys(&mut origin, "a", 300..320, "after-origin-restart").await;
+    converged(&pair).await;
+    assert!(handle.health().last_error.is_some(), "the outages were reported");
+
+    // A lease disappears (an operator revoked it, or it expired while the peer was away).
+    let mut peer = client(&pair.peer).await;
+    let lost = checkpoint_leases(&mut peer).await[0];
+    peer.lease_revoke(lost).await.unwrap();
+    wait_until("new lease", DEADLINE, || {
+        let mut p = peer.clone();
+        async move { Ok(!checkpoint_leases(&mut p).await.contains(&lost)) }
+    })
+    .await
+    .unwrap();
+    converged(&pair).await;
+    let leases = checkpoint_leases(&mut peer).await;
+    assert!(subtree(&mut peer, &keys::region_prefix("a")).await.values().all(|(_, l)| leases.contains(l)));
+    let mut saw = (false, false);
+    while let Ok(event) = events.try_recv() {
+        match event {
+            MirrorEvent::ResyncStarted { cause: mirror::ResyncCause::LeaseLost } => saw.0 = true,
+            MirrorEvent::LeaseGranted { .. } => saw.1 = true,
+            _ => {}
+        }
+    }
+    assert!(saw.0 && saw.1, "lease loss leads to a new lease and a resync: {saw:?}");
+    handle.shutdown().await;
+}
+
+#[tokio::test]
+async fn least_privilege_role_suffices_and_confines_the_mirror() {
+    let pair = pair().await;
+    let mut origin = client(&pair.origin).await;
+    write_keys(&mut origin, "a", 0..100, "v1").await;
+
+    // hack/etcd-mirror-role.sh does the same with etcdctl.
+    let mut admin = client(&pair.peer).await;
+    admin.user_add("root", "rootpw", None).await.unwrap();
+    admin.user_grant_role("root", "root").await.unwrap();
+    admin.role_add("mirror-a").await.unwrap();
+    for prefix in [keys::region_prefix("a"), keys::federation_prefix("a")] {
+        let perm = etcd_client::Permission::read_write(prefix.as_str()).with_prefix();
+        admin.role_grant_permission("mirror-a", perm).await.unwrap();
+    }
+    admin.user_add("mirror-a", "mirrorpw", None).await.unwrap();
+    admin.user_grant_role("mirror-a", "mirror-a").await.unwrap();
+    admin.auth_enable().await.unwrap();
+
+    let peer_target = EtcdTarget {
+        endpoints: vec![pair.peer.endpoint()],
+        options: Some(etcd_client::ConnectOptions::new().with_user("mirror-a", "mirrorpw")),
+    };
+    let (tx, _rx) = mpsc::channel(64);
+    let handle = mirror::spawn(config("w1"), EtcdTarget::plain([pair.origin.endpoint()]), peer_target.clone(), tx);
+    wait_synced(&handle).await;
+    let mut root =
+        Client::connect([pair.peer.endpoint()], Some(etcd_client::ConnectOptions::new().with_user("root", "rootpw")))
+            .await
+            .unwrap();
+    assert_eq!(key_count(&mut root, &keys::region_prefix("a")).await, 100);
+
+    let mut confined = peer_target.connect().await.unwrap();
+    let refused = confined.put(endpoint_key("b", 1), "x", None).await;
+    assert!(refused.is_err_and(|e| e.to_string().contains("permission denied")));
+    handle.shutdown().await;
+}
+
+#[tokio::test]
+async fn randomized_writes_and_restarts_converge() {
+    use rand::{Rng, SeedableRng};
+    let seed: u64 = std::env::var("AETHER_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random);
+    eprintln!("randomized mirror test: AETHER_SEED={seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut pair = pair().await;
+    let mut origin = client(&pair.origin).await;
+    write_keys(&mut origin, "a", 0..500, "v0").await;
+    let mut cfg = config("w0");
+    cfg.max_txn_ops = 16;
+    let (mut handle, _e) = start(cfg.clone(), &pair);
+
+    for round in 0..30 {
+        match rng.random_range(0..10) {
+            0 => {
+                // A worker restart (leader handoff) or a crash.
+                if rng.random_bool(0.5) {
+                    handle.shutdown().await
+                } else {
+                    handle.abort()
+                }
+                cfg.owner_id = format!("w{round}");
+                handle = start(cfg.clone(), &pair).0;
+            }
+            1 => {
+                pair.peer.kill();
+                for _ in 0..rng.random_range(1..20) {
+                    let i = rng.random_range(0..600);
+                    origin.put(endpoint_key("a", i), endpoint_value("a", i, &format!("r{round}")), None).await.unwrap();
+                }
+                pair.peer.restart().await.unwrap();
+            }
+            _ => {
+                let n = rng.random_range(1..40);
+                for _ in 0..n {
+                    let i = rng.random_range(0..600);
+                    match rng.random_range(0..4) {
+                        0 => {
+                            origin.delete(endpoint_key("a", i), None).await.unwrap();
+                        }
+                        1 => {
+                            let ops: Vec<TxnOp> = (0..rng.random_range(2..30usize))
+                                .map(|j| (i + j * 7) % 600)
+                                .collect::<std::collections::BTreeSet<_>>()
+                                .into_iter()
+                                .map(|k| {
+                                    TxnOp::put(
+                                        endpoint_key("a", k),
+                                        endpoint_value("a", k, &format!("txn{round}")),
+                                        None,
+                                    )
+                                })
+                                .collect();
+                            origin.txn(Txn::new().and_then(ops)).await.unwrap();
+                        }
+                        _ => {
+                            origin
+                                .put(endpoint_key("a", i), endpoint_value("a", i, &format!("r{round}")), None)
+                                .await
+                                .unwrap();
+                        }
+                    }
+                }
+            }
+        }
+    }
+    converged(&pair).await;
+    let mut peer = client(&pair.peer).await;
+    wait_until("keys on live leases", DEADLINE, || {
+        let mut p = peer.clone();
+        async move {
+            let leases = checkpoint_leases(&mut p).await;
+            let all = subtree(&mut p, &keys::region_prefix("a")).await;
+            let mut live = true;
+            for id in leases.iter() {
+                live &= p.lease_time_to_live(*id, None).await.map(|r| r.ttl() > 0).unwrap_or(false);
+            }
+            Ok(live && all.values().all(|(_, l)| leases.contains(l)))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+    assert_eq!(
+        values(&mut peer, &keys::region_prefix("a")).await,
+        values(&mut origin, &keys::region_prefix("a")).await
+    );
+    handle.shutdown().await;
+    let _ = PutOptions::new();
+}
