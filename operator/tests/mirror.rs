@@ -187,7 +187,6 @@ async fn sync_spans_pages_and_source_revisions_arrive_whole() {
                     seen += 1;
                     txn_revisions.entry(tag.to_string()).or_default().insert(kv.mod_revision());
                 }
-                }
             }
         }
     }
