@@ -1,6 +1,12 @@
 //! `aether-operator`: the operator binary.
-use clap::{Parser, Subcommand};
+use aether_operator::controllers::{leader, region_peering};
+use aether_operator::metrics::Metrics;
+use clap::{Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info};
 
 #[derive(Parser)]
 #[command(name = "aether-operator", version, about = "Federates the aether endpoint registry across regions")]
@@ -11,6 +17,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the operator: leader election, the RegionPeering and RegistrySchema reconcilers.
+    Run(RunArgs),
     /// Write the CRD YAML files into a directory (what `make crds` runs).
     Crds {
         #[arg(long, default_value = "crds")]
@@ -18,7 +26,57 @@ enum Command {
     },
 }
 
-fn main() -> anyhow::Result<()> {
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// Namespaces to watch (comma separated); empty watches all.
+    #[arg(long, env = "AETHER_WATCH_NAMESPACES", value_delimiter = ',')]
+    namespaces: Vec<String>,
+    /// This instance's identity (the pod name).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// Name of the coordination.k8s.io Lease used for leader election.
+    #[arg(long, env = "AETHER_LEADER_LEASE", default_value = "aether-operator-leader")]
+    leader_lease_name: String,
+    /// Namespace of the leader-election Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "aether-system")]
+    leader_lease_namespace: String,
+    /// Seconds the leader lease stays valid after a renewal.
+    #[arg(long, env = "AETHER_LEADER_LEASE_DURATION", default_value_t = 8)]
+    leader_lease_duration: u64,
+    /// Seconds before expiry the leader renews.
+    #[arg(long, env = "AETHER_LEADER_LEASE_GRACE", default_value_t = 3)]
+    leader_lease_grace: u64,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "AETHER_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    metrics_addr: String,
+    #[arg(long, env = "AETHER_LOG_FORMAT", value_enum, default_value = "text")]
+    log_format: LogFormat,
+    /// Path of a kubeconfig; in-cluster config or ~/.kube/config otherwise.
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// Seconds between status refreshes from the workers' health.
+    #[arg(long, default_value_t = 5)]
+    refresh_seconds: u64,
+}
+
+fn init_tracing(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| "info,kube=warn,tower=warn,hyper=warn".into());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Crds { out } => {
             std::fs::create_dir_all(&out)?;
@@ -28,5 +86,94 @@ fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Run(args) => {
+            init_tracing(args.log_format);
+            if let Err(e) = run(args).await {
+                error!("{e:#}");
+                std::process::exit(1);
+            }
+            Ok(())
+        }
     }
+}
+
+async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let client = match &args.kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)?;
+            let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+            kube::Client::try_from(config)?
+        }
+        None => kube::Client::try_default().await?,
+    };
+    aether_operator::preflight::check_crds(&client).await?;
+
+    let identity = args.identity.clone().unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default().trim().to_string();
+        format!("{}-{:04x}", if host.is_empty() { "aether-operator" } else { &host }, rand::random::<u16>())
+    });
+    let metrics = Arc::new(Metrics::default());
+    let shutdown = CancellationToken::new();
+    let server = aether_operator::http::serve(&args.metrics_addr, metrics.clone(), shutdown.clone()).await?;
+    info!(identity = %identity, addr = %args.metrics_addr, "aether-operator starting");
+
+    let signal = shutdown.clone();
+    tokio::spawn(async move {
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        info!("shutting down");
+        signal.cancel();
+    });
+
+    let settings = region_peering::ControllerSettings {
+        identity: identity.clone(),
+        refresh_interval: Duration::from_secs(args.refresh_seconds.max(1)),
+    };
+    let leader_settings = leader::LeaderSettings {
+        lease_name: args.leader_lease_name.clone(),
+        namespace: args.leader_lease_namespace.clone(),
+        identity: identity.clone(),
+        duration_seconds: args.leader_lease_duration,
+        grace_seconds: args.leader_lease_grace.min(args.leader_lease_duration.saturating_sub(1)).max(1),
+    };
+    let namespaces: Vec<Option<String>> = if args.namespaces.iter().all(|n| n.is_empty()) {
+        vec![None]
+    } else {
+        args.namespaces.iter().filter(|n| !n.is_empty()).cloned().map(Some).collect()
+    };
+    leader::run_elected(client.clone(), leader_settings, &metrics, shutdown.clone(), |term| {
+        let (client, settings, metrics, namespaces) =
+            (client.clone(), settings.clone(), metrics.clone(), namespaces.clone());
+        async move {
+            let peering = region_peering::Context::new(client.clone(), settings.clone(), metrics.clone());
+            let schema = aether_operator::controllers::registry_schema::Context::new(
+                client.clone(),
+                settings.clone(),
+                metrics.clone(),
+            );
+            let mut controllers = Vec::new();
+            for ns in namespaces {
+                controllers.push(tokio::spawn(region_peering::run(peering.clone(), ns.clone(), term.clone())));
+                controllers.push(tokio::spawn(aether_operator::controllers::registry_schema::run(
+                    schema.clone(),
+                    ns,
+                    term.clone(),
+                )));
+            }
+            term.cancelled().await;
+            for c in controllers {
+                let _ = c.await;
+            }
+            peering.stop_all().await;
+            schema.stop_all().await;
+        }
+    })
+    .await?;
+    shutdown.cancel();
+    let _ = server.await;
+    Ok(())
 }

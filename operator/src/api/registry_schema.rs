@@ -67,23 +67,23 @@ pub enum SchemaVersion {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DrainSettings {
-    /// Legacy keys per Txn.
+    /// Legacy keys per Txn (each key is one nested Txn; etcd allows 128 ops per Txn).
     #[serde(default = "default_batch_size")]
-    #[schemars(range(min = 1, max = 60))]
+    #[schemars(range(min = 1, max = 128))]
     pub batch_size: i64,
     /// Keys per second at most; 0 for no limit.
     #[serde(default)]
     #[schemars(range(min = 0, max = 1000000))]
     pub rate_limit_per_second: i64,
-    /// How long the legacy prefix must see no write before the drain is complete.
+    /// How long the legacy prefix must see no write before its keys are deleted and the drain is
+    /// complete.
     #[serde(default = "default_quiet_period")]
     #[schemars(range(min = 0, max = 86400))]
     pub quiet_period_seconds: i64,
 }
 
 fn default_batch_size() -> i64 {
-    // Each key costs two compares and three operations at most; etcd allows 128 per Txn.
-    40
+    100
 }
 fn default_quiet_period() -> i64 {
     300

@@ -293,7 +293,8 @@ impl Worker {
             Some(kv) => Compare::mod_revision(key.as_str(), CompareOp::Equal, kv.mod_revision()),
             None => Compare::version(key.as_str(), CompareOp::Equal, 0),
         };
-        let owner = Owner { owner: self.config.owner_id.clone(), acquired_at: chrono::Utc::now().to_rfc3339() };
+        let owner =
+            Owner { owner: self.config.owner_id.clone(), acquired_at: k8s_openapi::jiff::Timestamp::now().to_string() };
         let txn = Txn::new().when([compare]).and_then([TxnOp::put(key.as_str(), serde_json::to_vec(&owner)?, None)]);
         let resp = self.rpc("take ownership", peer.txn(txn)).await?;
         if !resp.succeeded() {
@@ -515,7 +516,8 @@ impl Worker {
         // The last Txn records the complete snapshot and writes the canary.
         state.keys = counts;
         let checkpoint = self.checkpoint(state, revision, true);
-        let canary = serde_json::json!({"revision": revision, "syncedAt": chrono::Utc::now().to_rfc3339()});
+        let canary =
+            serde_json::json!({"revision": revision, "syncedAt": k8s_openapi::jiff::Timestamp::now().to_string()});
         let bookkeeping = vec![
             TxnOp::put(keys::checkpoint_key(&self.config.origin), checkpoint.encode(), None),
             TxnOp::put(

@@ -1,0 +1,155 @@
+//! Turning an `EtcdConnection` and its Secret into something the mirror can dial, without IO.
+//! Secret material never reaches logs, events or status; only the Secret's name and key do.
+use crate::api::EtcdConnection;
+use crate::mirror::EtcdTarget;
+use k8s_openapi::api::core::v1::Secret;
+use std::hash::{Hash, Hasher};
+
+/// Why a connection cannot be built, naming the Secret and key a person must fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AccessError {
+    #[error("Secret {secret} not found")]
+    SecretMissing { secret: String },
+    #[error("Secret {secret} has no key {key}")]
+    KeyMissing { secret: String, key: &'static str },
+    #[error("Secret {secret} key {key} is not PEM")]
+    NotPem { secret: String, key: &'static str },
+    #[error("Secret {secret}: {key} needs its pair ({pair}) as well")]
+    Unpaired { secret: String, key: &'static str, pair: &'static str },
+    #[error("endpoints mix http:// and https://; use one scheme")]
+    MixedSchemes,
+}
+
+impl AccessError {
+    /// A condition reason for this error.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            AccessError::SecretMissing { .. } => "SecretNotFound",
+            AccessError::MixedSchemes => "EndpointsInvalid",
+            _ => "SecretInvalid",
+        }
+    }
+}
+
+/// An etcd target and a fingerprint of everything that, when changed, must restart a worker.
+pub struct Access {
+    pub target: EtcdTarget,
+    pub fingerprint: u64,
+}
+
+/// Builds the target for a connection. `secret` is the referenced Secret as read (None when the
+/// connection names none, or when it is missing).
+pub fn access(connection: &EtcdConnection, secret: Option<&Secret>) -> Result<Access, AccessError> {
+    let https = connection.endpoints.iter().filter(|e| e.starts_with("https://")).count();
+    if https != 0 && https != connection.endpoints.len() {
+        return Err(AccessError::MixedSchemes);
+    }
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    connection.endpoints.hash(&mut hasher);
+    let mut options: Option<etcd_client::ConnectOptions> = None;
+
+    if let Some(tls) = &connection.tls {
+        let name = tls.secret_ref.name.clone();
+        let secret = secret.ok_or_else(|| AccessError::SecretMissing { secret: name.clone() })?;
+        let get = |key: &'static str| -> Option<Vec<u8>> {
+            secret
+                .data
+                .as_ref()
+                .and_then(|d| d.get(key))
+                .map(|b| b.0.clone())
+                .or_else(|| secret.string_data.as_ref().and_then(|d| d.get(key)).map(|s| s.clone().into_bytes()))
+        };
+        let pem = |key: &'static str, bytes: Vec<u8>| -> Result<Vec<u8>, AccessError> {
+            if String::from_utf8_lossy(&bytes).contains("-----BEGIN ") {
+                Ok(bytes)
+            } else {
+                Err(AccessError::NotPem { secret: name.clone(), key })
+            }
+        };
+        let mut connect = etcd_client::ConnectOptions::new();
+        if https > 0 {
+            let ca = get("ca.crt").ok_or_else(|| AccessError::KeyMissing { secret: name.clone(), key: "ca.crt" })?;
+            let ca = pem("ca.crt", ca)?;
+            ca.hash(&mut hasher);
+            let mut tls_options = etcd_client::TlsOptions::new().ca_certificate(etcd_client::Certificate::from_pem(ca));
+            match (get("tls.crt"), get("tls.key")) {
+                (Some(cert), Some(key)) => {
+                    let (cert, key) = (pem("tls.crt", cert)?, pem("tls.key", key)?);
+                    cert.hash(&mut hasher);
+                    key.hash(&mut hasher);
+                    tls_options = tls_options.identity(etcd_client::Identity::from_pem(cert, key));
+                }
+                (Some(_), None) => return Err(AccessError::Unpaired { secret: name, key: "tls.crt", pair: "tls.key" }),
+                (None, Some(_)) => return Err(AccessError::Unpaired { secret: name, key: "tls.key", pair: "tls.crt" }),
+                (None, None) => {}
+            }
+            connect = connect.with_tls(tls_options);
+        }
+        match (get("username"), get("password")) {
+            (Some(user), Some(password)) => {
+                user.hash(&mut hasher);
+                password.hash(&mut hasher);
+                connect = connect.with_user(String::from_utf8_lossy(&user), String::from_utf8_lossy(&password));
+            }
+            (Some(_), None) => return Err(AccessError::Unpaired { secret: name, key: "username", pair: "password" }),
+            (None, Some(_)) => return Err(AccessError::Unpaired { secret: name, key: "password", pair: "username" }),
+            (None, None) => {}
+        }
+        options = Some(connect);
+    }
+    Ok(Access { target: EtcdTarget { endpoints: connection.endpoints.clone(), options }, fingerprint: hasher.finish() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{EtcdTls, SecretRef};
+    use k8s_openapi::ByteString;
+    use std::collections::BTreeMap;
+
+    fn conn(endpoints: &[&str], secret: Option<&str>) -> EtcdConnection {
+        EtcdConnection {
+            endpoints: endpoints.iter().map(|s| s.to_string()).collect(),
+            tls: secret.map(|s| EtcdTls { secret_ref: SecretRef { name: s.into() } }),
+        }
+    }
+
+    fn secret(entries: &[(&str, &str)]) -> Secret {
+        let data: BTreeMap<String, ByteString> =
+            entries.iter().map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec()))).collect();
+        Secret { data: Some(data), ..Secret::default() }
+    }
+
+    const PEM: &str = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+
+    #[test]
+    fn errors_name_the_secret_and_key() {
+        let c = conn(&["https://e:2379"], Some("creds"));
+        assert_eq!(access(&c, None).err().unwrap().to_string(), "Secret creds not found");
+        assert_eq!(access(&c, Some(&secret(&[]))).err().unwrap().to_string(), "Secret creds has no key ca.crt");
+        assert_eq!(
+            access(&c, Some(&secret(&[("ca.crt", "garbage")]))).err().unwrap().to_string(),
+            "Secret creds key ca.crt is not PEM"
+        );
+        let half = secret(&[("ca.crt", PEM), ("tls.crt", PEM)]);
+        assert!(access(&c, Some(&half)).err().unwrap().to_string().contains("tls.crt needs its pair (tls.key)"));
+        assert_eq!(access(&conn(&["https://a:1", "http://b:1"], None), None).err(), Some(AccessError::MixedSchemes));
+    }
+
+    #[test]
+    fn errors_never_contain_secret_material() {
+        let c = conn(&["https://e:2379"], Some("creds"));
+        let err = access(&c, Some(&secret(&[("ca.crt", "s3cr3t-not-pem")]))).err().unwrap();
+        assert!(!err.to_string().contains("s3cr3t"));
+    }
+
+    #[test]
+    fn a_secret_change_changes_the_fingerprint() {
+        let c = conn(&["https://e:2379"], Some("creds"));
+        let a = access(&c, Some(&secret(&[("ca.crt", PEM)]))).unwrap().fingerprint;
+        let b = access(&c, Some(&secret(&[("ca.crt", &PEM.replace("MIIB", "MIIC"))]))).unwrap().fingerprint;
+        assert_ne!(a, b);
+        let plain = access(&conn(&["http://e:2379"], None), None).unwrap();
+        assert!(plain.target.options.is_none(), "plain http only where the endpoint says so, and then no TLS");
+    }
+}

@@ -1,0 +1,445 @@
+//! The RegionPeering reconciler: turns the spec into running mirror workers, and what they report
+//! into status, events and metrics. Only the region's leader runs it.
+use super::etcd_access::{Access, AccessError, access};
+use super::plan::{Claim, WorkerChange, conflict, worker_changes};
+use super::status::{self, Observation, STATUS_HEARTBEAT};
+use crate::api::{EtcdConnection, RegionPeering, RegionPeeringSpec};
+use crate::metrics::{Metrics, PeerLabels};
+use crate::mirror::{self, MirrorConfig, MirrorEvent, MirrorHandle, inbound};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::{Resource, ResourceExt};
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+/// Settings of the controller (from the command line).
+#[derive(Clone, Debug)]
+pub struct ControllerSettings {
+    /// This instance's name (the pod name): the leader in status and the owner of the mirrors.
+    pub identity: String,
+    /// How often status and metrics are refreshed from the workers' health.
+    pub refresh_interval: Duration,
+}
+
+struct Running {
+    fingerprint: u64,
+    handle: MirrorHandle,
+    events: tokio::task::JoinHandle<()>,
+}
+
+/// What the reconciler keeps between runs.
+pub struct Context {
+    client: kube::Client,
+    recorder: Recorder,
+    settings: ControllerSettings,
+    metrics: Arc<Metrics>,
+    store: Mutex<Option<Store<RegionPeering>>>,
+    /// Workers by object (namespace/name), then by peer region.
+    workers: Mutex<HashMap<String, BTreeMap<String, Running>>>,
+    /// A client of each object's local etcd, for the inbound view.
+    locals: tokio::sync::Mutex<HashMap<String, (u64, etcd_client::Client)>>,
+    /// When each object's status was last written, and the region it named.
+    patched: Mutex<HashMap<String, Instant>>,
+    announced: Mutex<std::collections::HashSet<String>>,
+}
+
+impl Context {
+    pub fn new(client: kube::Client, settings: ControllerSettings, metrics: Arc<Metrics>) -> Arc<Self> {
+        let reporter = Reporter { controller: "aether-operator".into(), instance: Some(settings.identity.clone()) };
+        Arc::new(Context {
+            recorder: Recorder::new(client.clone(), reporter),
+            client,
+            settings,
+            metrics,
+            store: Mutex::new(None),
+            workers: Mutex::new(HashMap::new()),
+            locals: tokio::sync::Mutex::new(HashMap::new()),
+            patched: Mutex::new(HashMap::new()),
+            announced: Mutex::new(Default::default()),
+        })
+    }
+
+    /// Stops every worker (leadership lost, or shutdown). Nothing is revoked: the mirrors stay on
+    /// the peers until a successor adopts their leases or they lapse.
+    pub async fn stop_all(&self) {
+        let all: Vec<(String, BTreeMap<String, Running>)> =
+            self.workers.lock().expect("workers lock").drain().collect();
+        for (object, workers) in all {
+            for (peer, running) in workers {
+                self.stop_worker(&object, &peer, running).await;
+            }
+        }
+        self.announced.lock().expect("lock").clear();
+    }
+
+    async fn stop_worker(&self, object: &str, peer: &str, running: Running) {
+        let region = running.handle.health().origin;
+        running.handle.shutdown().await;
+        running.events.abort();
+        self.metrics.forget_peer(&region, peer);
+        info!(object, peer, "mirror worker stopped");
+    }
+}
+
+/// Runs the controller until `stop` fires. `namespace` None watches every namespace.
+pub async fn run(ctx: Arc<Context>, namespace: Option<String>, stop: CancellationToken) {
+    let api: Api<RegionPeering> = match &namespace {
+        Some(ns) => Api::namespaced(ctx.client.clone(), ns),
+        None => Api::all(ctx.client.clone()),
+    };
+    let controller = Controller::new(api, watcher::Config::default());
+    *ctx.store.lock().expect("store lock") = Some(controller.store());
+    controller
+        .graceful_shutdown_on(stop.cancelled_owned())
+        .run(reconcile, error_policy, ctx.clone())
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                warn!(%error, "reconcile failed");
+            }
+        })
+        .await;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("{0}")]
+    Other(String),
+}
+
+fn error_policy(_rp: Arc<RegionPeering>, error: &Error, ctx: Arc<Context>) -> Action {
+    warn!(%error, "will retry");
+    Action::requeue(ctx.settings.refresh_interval)
+}
+
+fn object_key(rp: &RegionPeering) -> String {
+    format!("{}/{}", rp.namespace().unwrap_or_default(), rp.name_any())
+}
+
+async fn reconcile(rp: Arc<RegionPeering>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let key = object_key(&rp);
+    let namespace = rp.namespace().unwrap_or_default();
+    let spec = &rp.spec;
+    sweep_deleted(&ctx).await;
+
+    if ctx.announced.lock().expect("lock").insert(key.clone()) {
+        publish(
+            &ctx,
+            &rp,
+            EventType::Normal,
+            "LeaderElected",
+            format!("{} leads region {} and runs its mirrors", ctx.settings.identity, spec.region),
+        )
+        .await;
+    }
+
+    // Which workers should run.
+    let claims: Vec<Claim> = ctx
+        .store
+        .lock()
+        .expect("store lock")
+        .as_ref()
+        .map(|s| s.state().iter().map(|o| claim(o)).collect())
+        .unwrap_or_default();
+    let conflict = conflict(&claim(&rp), &claims);
+    let mut config_errors: Vec<(String, String)> = Vec::new();
+    let mut desired: BTreeMap<String, (u64, Access, Access)> = BTreeMap::new();
+    let local = resolve(&ctx, &namespace, &spec.local_etcd).await;
+    if conflict.is_none() && !spec.suspend {
+        match &local {
+            Err(e) => config_errors.push((e.reason().to_string(), format!("localEtcd: {e}"))),
+            Ok(local_access) => {
+                for peer in &spec.peers {
+                    match resolve(&ctx, &namespace, &peer.connection()).await {
+                        Err(e) => config_errors.push((e.reason().to_string(), format!("peer {}: {e}", peer.region))),
+                        Ok(peer_access) => {
+                            let fingerprint = worker_fingerprint(
+                                spec,
+                                &peer.region,
+                                local_access.fingerprint,
+                                peer_access.fingerprint,
+                            );
+                            let local_again =
+                                Access { target: local_access.target.clone(), fingerprint: local_access.fingerprint };
+                            desired.insert(peer.region.clone(), (fingerprint, local_again, peer_access));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if let Some(message) = &conflict {
+        publish_once(&ctx, &rp, "Conflict", message.clone()).await;
+    }
+    for (reason, message) in &config_errors {
+        publish_once(&ctx, &rp, reason, message.clone()).await;
+    }
+
+    // Start, restart and stop workers.
+    let running: BTreeMap<String, u64> = ctx
+        .workers
+        .lock()
+        .expect("workers lock")
+        .get(&key)
+        .map(|w| w.iter().map(|(peer, r)| (peer.clone(), r.fingerprint)).collect())
+        .unwrap_or_default();
+    // A peer whose configuration cannot be read keeps its worker as it was.
+    let mut desired_prints: BTreeMap<String, u64> = desired.iter().map(|(p, (f, _, _))| (p.clone(), *f)).collect();
+    if conflict.is_none() && !spec.suspend {
+        for (peer, fingerprint) in &running {
+            if !desired_prints.contains_key(peer) && spec.peers.iter().any(|p| &p.region == peer) {
+                desired_prints.insert(peer.clone(), *fingerprint);
+            }
+        }
+    }
+    for change in worker_changes(&desired_prints, &running) {
+        let peer = match &change {
+            WorkerChange::Start(p) | WorkerChange::Restart(p) | WorkerChange::Stop(p) => p.clone(),
+        };
+        if !matches!(change, WorkerChange::Start(_)) {
+            let old = ctx.workers.lock().expect("workers lock").get_mut(&key).and_then(|w| w.remove(&peer));
+            if let Some(old) = old {
+                ctx.stop_worker(&key, &peer, old).await;
+            }
+        }
+        if !matches!(change, WorkerChange::Stop(_))
+            && let Some((fingerprint, local_access, peer_access)) = desired.remove(&peer)
+        {
+            start_worker(&ctx, &rp, &key, &peer, fingerprint, local_access, peer_access);
+        }
+    }
+
+    // Status from the workers' health and the inbound view.
+    let now = SystemTime::now();
+    let peers: Vec<mirror::PeerHealth> = ctx
+        .workers
+        .lock()
+        .expect("workers lock")
+        .get(&key)
+        .map(|w| w.values().map(|r| r.handle.health()).collect())
+        .unwrap_or_default();
+    for h in &peers {
+        ctx.metrics.record_peer(h, now);
+    }
+    let inbound = match &local {
+        Ok(local_access) => observe_inbound(&ctx, &key, spec, local_access).await,
+        Err(_) => Vec::new(),
+    };
+    for origin in &inbound {
+        let labels = PeerLabels { region: spec.region.clone(), peer: origin.origin.clone() };
+        ctx.metrics.inbound_keys.get_or_create(&labels).set(origin.keys);
+        ctx.metrics.inbound_lease_ttl_seconds.get_or_create(&labels).set(origin.lease_ttl_remaining.unwrap_or(0));
+    }
+    let observation = Observation {
+        spec,
+        generation: rp.metadata.generation,
+        peers,
+        inbound,
+        conflict,
+        config_errors,
+        leader: Some(ctx.settings.identity.clone()),
+        now,
+    };
+    let new_status = status::compute(rp.status.as_ref(), &observation);
+    let stale = ctx.patched.lock().expect("lock").get(&key).is_none_or(|t| t.elapsed() >= STATUS_HEARTBEAT);
+    if status::visible_change(rp.status.as_ref(), &new_status) || stale {
+        let api: Api<RegionPeering> = Api::namespaced(ctx.client.clone(), &namespace);
+        api.patch_status(
+            &rp.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({ "status": new_status })),
+        )
+        .await?;
+        ctx.patched.lock().expect("lock").insert(key.clone(), Instant::now());
+        ctx.metrics.status_patches.get_or_create(&crate::metrics::RegionLabels { region: spec.region.clone() }).inc();
+    }
+    Ok(Action::requeue(ctx.settings.refresh_interval))
+}
+
+fn claim(rp: &RegionPeering) -> Claim {
+    Claim {
+        object: object_key(rp),
+        region: rp.spec.region.clone(),
+        endpoints: rp.spec.local_etcd.endpoints.clone(),
+        created: rp.metadata.creation_timestamp.as_ref().map(|t| t.0.to_string()).unwrap_or_default(),
+    }
+}
+
+/// Everything that, when changed, restarts a worker.
+fn worker_fingerprint(spec: &RegionPeeringSpec, peer: &str, local: u64, remote: u64) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (peer, &spec.region, local, remote).hash(&mut h);
+    serde_json::to_string(&(&spec.lease, &spec.sync, &spec.failure_detector)).unwrap_or_default().hash(&mut h);
+    h.finish()
+}
+
+/// Reads the connection's Secret (if any) and builds the access.
+async fn resolve(ctx: &Context, namespace: &str, connection: &EtcdConnection) -> Result<Access, AccessError> {
+    let secret = match &connection.tls {
+        None => None,
+        Some(tls) => {
+            let api: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
+            api.get_opt(&tls.secret_ref.name).await.ok().flatten()
+        }
+    };
+    access(connection, secret.as_ref())
+}
+
+fn mirror_config(spec: &RegionPeeringSpec, peer: &str, owner: &str) -> MirrorConfig {
+    let mut c = MirrorConfig::new(&spec.region, peer, owner);
+    c.lease_ttl_seconds = spec.lease.ttl_seconds;
+    c.keepalive_interval = Duration::from_secs(spec.lease.keepalive_interval_seconds.max(1) as u64);
+    c.max_keys_per_lease = spec.lease.max_keys_per_lease.max(1) as u64;
+    c.page_size = spec.sync.page_size;
+    c.max_txn_ops = spec.sync.max_txn_ops.max(4) as usize;
+    c.max_txn_bytes = spec.sync.max_txn_bytes.max(65536) as usize;
+    c.acceptable_pause = Duration::from_secs(spec.failure_detector.acceptable_pause_seconds.max(1) as u64);
+    c
+}
+
+fn start_worker(
+    ctx: &Arc<Context>,
+    rp: &RegionPeering,
+    key: &str,
+    peer: &str,
+    fingerprint: u64,
+    local: Access,
+    remote: Access,
+) {
+    let owner = format!("{}/{:08x}", ctx.settings.identity, rand::random::<u32>());
+    let config = mirror_config(&rp.spec, peer, &owner);
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<MirrorEvent>(256);
+    let handle = mirror::spawn(config, local.target, remote.target, tx);
+    let reference = rp.object_ref(&());
+    let (ctx2, region, peer_name) = (ctx.clone(), rp.spec.region.clone(), peer.to_string());
+    let events = tokio::spawn(async move {
+        while let Some(event) = rx.recv().await {
+            let (type_, reason, note) = describe(&event, &region, &peer_name);
+            let event =
+                KubeEvent { type_, reason: reason.into(), note: Some(note), action: "Mirror".into(), secondary: None };
+            if let Err(error) = ctx2.recorder.publish(&event, &reference).await {
+                warn!(%error, "could not publish an event");
+            }
+        }
+    });
+    info!(object = key, peer, "mirror worker started");
+    ctx.workers
+        .lock()
+        .expect("workers lock")
+        .entry(key.to_string())
+        .or_default()
+        .insert(peer.to_string(), Running { fingerprint, handle, events });
+}
+
+/// A mirror event as a Kubernetes Event: type, reason and a note naming region and peer.
+pub fn describe(event: &MirrorEvent, region: &str, peer: &str) -> (EventType, &'static str, String) {
+    match event {
+        MirrorEvent::ResyncStarted { cause } => {
+            (EventType::Normal, "ResyncStarted", format!("{region} -> {peer}: full sync ({})", cause.as_str()))
+        }
+        MirrorEvent::Synced { revision, keys } => (
+            EventType::Normal,
+            "Synced",
+            format!("{region} -> {peer}: {keys} keys at revision {revision}; canary written"),
+        ),
+        MirrorEvent::LeaseGranted { lease, shard } => {
+            (EventType::Normal, "LeaseGranted", format!("{region} -> {peer}: lease {lease:x} for shard {shard}"))
+        }
+        MirrorEvent::LeasesAdopted { leases, revision } => (
+            EventType::Normal,
+            "LeasesAdopted",
+            format!("{region} -> {peer}: adopted {leases} leases, resuming after revision {revision}"),
+        ),
+        MirrorEvent::Fenced { by } => (
+            EventType::Warning,
+            "Fenced",
+            format!("{region} -> {peer}: {by} owns this mirror now; this worker stopped writing"),
+        ),
+        MirrorEvent::RegionUnreachable => (
+            EventType::Warning,
+            "RegionUnreachable",
+            format!("{region} -> {peer}: peer unreachable; nothing is deleted"),
+        ),
+        MirrorEvent::RegionReachable => {
+            (EventType::Normal, "RegionReachable", format!("{region} -> {peer}: peer reachable again"))
+        }
+        MirrorEvent::RevisionSplit { revision, ops } => (
+            EventType::Warning,
+            "RevisionSplit",
+            format!(
+                "{region} -> {peer}: revision {revision} has {ops} writes, more than one peer Txn holds; applied in parts"
+            ),
+        ),
+    }
+}
+
+async fn publish(ctx: &Context, rp: &RegionPeering, type_: EventType, reason: &str, note: String) {
+    let event =
+        KubeEvent { type_, reason: reason.into(), note: Some(note), action: "Reconcile".into(), secondary: None };
+    if let Err(error) = ctx.recorder.publish(&event, &rp.object_ref(&())).await {
+        warn!(%error, "could not publish an event");
+    }
+}
+
+/// Publishes a warning; the recorder folds repeats into one Event with a count.
+async fn publish_once(ctx: &Context, rp: &RegionPeering, reason: &str, note: String) {
+    publish(ctx, rp, EventType::Warning, reason, note).await;
+}
+
+async fn observe_inbound(
+    ctx: &Context,
+    key: &str,
+    spec: &RegionPeeringSpec,
+    local: &Access,
+) -> Vec<inbound::InboundOrigin> {
+    let mut locals = ctx.locals.lock().await;
+    let fresh = !matches!(locals.get(key), Some((f, _)) if *f == local.fingerprint);
+    if fresh {
+        match local.target.connect().await {
+            Ok(c) => {
+                locals.insert(key.to_string(), (local.fingerprint, c));
+            }
+            Err(_) => return Vec::new(),
+        }
+    }
+    let Some((_, client)) = locals.get_mut(key) else { return Vec::new() };
+    let expected: Vec<String> = spec.peers.iter().map(|p| p.region.clone()).collect();
+    match tokio::time::timeout(Duration::from_secs(5), inbound::observe(client, &spec.region, &expected)).await {
+        Ok(Ok(v)) => v,
+        _ => Vec::new(),
+    }
+}
+
+/// Stops the workers of objects that no longer exist (deleted objects are not reconciled).
+async fn sweep_deleted(ctx: &Arc<Context>) {
+    let Some(store) = ctx.store.lock().expect("store lock").clone() else { return };
+    let gone: Vec<String> = ctx
+        .workers
+        .lock()
+        .expect("workers lock")
+        .keys()
+        .filter(|key| {
+            let (ns, name) = key.split_once('/').unwrap_or(("", key));
+            store.get(&ObjectRef::<RegionPeering>::new(name).within(ns)).is_none()
+        })
+        .cloned()
+        .collect();
+    for key in gone {
+        let workers = ctx.workers.lock().expect("workers lock").remove(&key).unwrap_or_default();
+        for (peer, running) in workers {
+            ctx.stop_worker(&key, &peer, running).await;
+        }
+        ctx.locals.lock().await.remove(&key);
+        ctx.announced.lock().expect("lock").remove(&key);
+    }
+}

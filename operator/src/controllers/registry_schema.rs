@@ -1,0 +1,314 @@
+//! The RegistrySchema reconciler: runs the v0 -> v1 drain (leader only) and reports its phases
+//! and counters in status.
+use super::etcd_access::access;
+use super::region_peering::ControllerSettings;
+use crate::api::{DrainCounts, RegistrySchema, RegistrySchemaStatus};
+use crate::drain::{DrainPhase, DrainReport, DrainSettings, drain};
+use crate::metrics::{DrainLabels, Metrics};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+struct RunningDrain {
+    fingerprint: u64,
+    cancel: CancellationToken,
+    progress: watch::Receiver<DrainReport>,
+    /// The last error of the drain task, which retries with backoff.
+    error: Arc<Mutex<Option<String>>>,
+}
+
+pub struct Context {
+    client: kube::Client,
+    settings: ControllerSettings,
+    metrics: Arc<Metrics>,
+    drains: Mutex<HashMap<String, RunningDrain>>,
+}
+
+impl Context {
+    pub fn new(client: kube::Client, settings: ControllerSettings, metrics: Arc<Metrics>) -> Arc<Self> {
+        Arc::new(Context { client, settings, metrics, drains: Mutex::new(HashMap::new()) })
+    }
+
+    /// Stops every drain; each resumes where it stands under the next leader.
+    pub async fn stop_all(&self) {
+        for (_, d) in self.drains.lock().expect("drains lock").drain() {
+            d.cancel.cancel();
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+}
+
+pub async fn run(ctx: Arc<Context>, namespace: Option<String>, stop: CancellationToken) {
+    let api: Api<RegistrySchema> = match &namespace {
+        Some(ns) => Api::namespaced(ctx.client.clone(), ns),
+        None => Api::all(ctx.client.clone()),
+    };
+    Controller::new(api, watcher::Config::default())
+        .graceful_shutdown_on(stop.cancelled_owned())
+        .run(
+            reconcile,
+            |_, error: &Error, _| {
+                warn!(%error, "registry schema reconcile failed");
+                Action::requeue(Duration::from_secs(5))
+            },
+            ctx,
+        )
+        .for_each(|_| async {})
+        .await;
+}
+
+async fn reconcile(rs: Arc<RegistrySchema>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let namespace = rs.namespace().unwrap_or_default();
+    let key = format!("{namespace}/{}", rs.name_any());
+    let spec = &rs.spec;
+    let api: Api<RegistrySchema> = Api::namespaced(ctx.client.clone(), &namespace);
+
+    // A finished drain stays finished until the spec changes.
+    let previous = rs.status.clone().unwrap_or_default();
+    let done = previous.phase.as_deref() == Some(DrainPhase::Complete.as_str())
+        && previous.observed_generation == rs.metadata.generation;
+    if done && !ctx.drains.lock().expect("lock").contains_key(&key) {
+        return Ok(Action::requeue(Duration::from_secs(300)));
+    }
+
+    let secret = match &spec.etcd.tls {
+        Some(tls) => Api::<Secret>::namespaced(ctx.client.clone(), &namespace).get_opt(&tls.secret_ref.name).await?,
+        None => None,
+    };
+    let target = match access(&spec.etcd, secret.as_ref()) {
+        Ok(a) => a,
+        Err(e) => {
+            let status = failed_status(&previous, rs.metadata.generation, e.reason(), &e.to_string());
+            patch(&api, &rs.name_any(), &previous, status).await?;
+            return Ok(Action::requeue(Duration::from_secs(10)));
+        }
+    };
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    (serde_json::to_string(spec).unwrap_or_default(), target.fingerprint).hash(&mut hasher);
+    let fingerprint = hasher.finish();
+
+    let restart = ctx.drains.lock().expect("lock").get(&key).is_none_or(|d| d.fingerprint != fingerprint);
+    if restart {
+        if let Some(old) = ctx.drains.lock().expect("lock").remove(&key) {
+            old.cancel.cancel();
+        }
+        let mut settings = DrainSettings::new(&spec.region, &spec.cluster);
+        settings.legacy_prefix = spec.legacy_prefix.clone();
+        settings.batch_size = spec.drain.batch_size.clamp(1, 128) as usize;
+        settings.rate_limit_per_second = spec.drain.rate_limit_per_second.max(0) as u64;
+        settings.quiet_period = Duration::from_secs(spec.drain.quiet_period_seconds.max(0) as u64);
+        settings.dry_run = spec.dry_run;
+        let (tx, rx) = watch::channel(DrainReport {
+            phase: Some(DrainPhase::Pending),
+            dry_run: spec.dry_run,
+            ..Default::default()
+        });
+        let cancel = CancellationToken::new();
+        let error = Arc::new(Mutex::new(None));
+        let (cancel2, error2, etcd) = (cancel.clone(), error.clone(), target.target.clone());
+        let region = spec.region.clone();
+        let metrics = ctx.metrics.clone();
+        tokio::spawn(async move {
+            let mut backoff = crate::mirror::backoff::Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
+            while !cancel2.is_cancelled() {
+                let result = match etcd.connect().await {
+                    Ok(client) => drain(&client, &settings, &tx, &cancel2).await,
+                    Err(e) => Err(anyhow::anyhow!(e).context("connecting to the registry etcd")),
+                };
+                match result {
+                    Ok(report) => {
+                        for (outcome, n) in [
+                            ("copied", report.copied),
+                            ("already_present", report.already_present),
+                            ("skipped", report.skipped),
+                            ("deleted", report.deleted),
+                        ] {
+                            metrics
+                                .drain_keys
+                                .get_or_create(&DrainLabels { region: region.clone(), outcome: outcome.into() })
+                                .set(n);
+                        }
+                        *error2.lock().expect("lock") = None;
+                        return;
+                    }
+                    Err(e) => {
+                        let message = format!("{e:#}");
+                        warn!(error = %message, "drain failed; it resumes after a backoff");
+                        *error2.lock().expect("lock") = Some(message);
+                        tokio::select! {
+                            _ = cancel2.cancelled() => return,
+                            _ = tokio::time::sleep(backoff.next_delay(rand::random::<f64>() * 0.5 + 0.5)) => {}
+                        }
+                    }
+                }
+            }
+        });
+        info!(object = %key, dry_run = spec.dry_run, "drain started");
+        ctx.drains.lock().expect("lock").insert(key.clone(), RunningDrain { fingerprint, cancel, progress: rx, error });
+    }
+
+    let (report, error) = {
+        let drains = ctx.drains.lock().expect("lock");
+        let d = drains.get(&key).expect("just ensured");
+        let report = d.progress.borrow().clone();
+        let error = d.error.lock().expect("lock").clone();
+        (report, error)
+    };
+    let status = status_from(&previous, rs.metadata.generation, &report, error.as_deref());
+    let complete = report.phase == Some(DrainPhase::Complete);
+    patch(&api, &rs.name_any(), &previous, status).await?;
+    if complete {
+        ctx.drains.lock().expect("lock").remove(&key);
+        return Ok(Action::requeue(Duration::from_secs(300)));
+    }
+    Ok(Action::requeue(ctx.settings.refresh_interval.min(Duration::from_secs(2))))
+}
+
+async fn patch(
+    api: &Api<RegistrySchema>,
+    name: &str,
+    previous: &RegistrySchemaStatus,
+    status: RegistrySchemaStatus,
+) -> Result<(), Error> {
+    if &status != previous {
+        api.patch_status(name, &PatchParams::default(), &Patch::Merge(serde_json::json!({ "status": status }))).await?;
+    }
+    Ok(())
+}
+
+fn now() -> Time {
+    Time(k8s_openapi::jiff::Timestamp::now())
+}
+
+fn condition(
+    previous: &RegistrySchemaStatus,
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+    generation: Option<i64>,
+) -> Condition {
+    let status = if status { "True" } else { "False" }.to_string();
+    let last_transition_time = match previous.conditions.iter().find(|c| c.type_ == type_) {
+        Some(c) if c.status == status => c.last_transition_time.clone(),
+        _ => now(),
+    };
+    Condition {
+        type_: type_.into(),
+        status,
+        reason: reason.into(),
+        message: message.into(),
+        observed_generation: generation,
+        last_transition_time,
+    }
+}
+
+/// The status a drain report implies.
+pub fn status_from(
+    previous: &RegistrySchemaStatus,
+    generation: Option<i64>,
+    report: &DrainReport,
+    error: Option<&str>,
+) -> RegistrySchemaStatus {
+    let phase = report.phase.unwrap_or(DrainPhase::Pending);
+    let copied_all = matches!(phase, DrainPhase::Draining | DrainPhase::Complete);
+    let complete = phase == DrainPhase::Complete;
+    let dry = if report.dry_run { " (dry run: nothing written)" } else { "" };
+    let migrated = condition(
+        previous,
+        "Migrated",
+        copied_all && !report.dry_run,
+        if copied_all { "SnapshotCopied" } else { "Copying" },
+        &format!("{} copied, {} already in v1, {} skipped{dry}", report.copied, report.already_present, report.skipped),
+        generation,
+    );
+    let drained = condition(
+        previous,
+        "Drained",
+        complete && !report.dry_run,
+        if complete {
+            "LegacyPrefixEmpty"
+        } else if copied_all {
+            "WaitingForQuiet"
+        } else {
+            "Copying"
+        },
+        &format!("{} legacy keys deleted; malformed keys are left in place{dry}", report.deleted),
+        generation,
+    );
+    RegistrySchemaStatus {
+        observed_generation: generation,
+        phase: Some(phase.as_str().to_string()),
+        conditions: vec![migrated, drained],
+        counts: DrainCounts {
+            legacy_seen: report.legacy_seen,
+            copied: report.copied,
+            already_present: report.already_present,
+            skipped: report.skipped,
+            deleted: report.deleted,
+            conflicts: report.conflicts,
+        },
+        skipped_keys: report.skipped_keys.clone(),
+        started_time: previous.started_time.clone().or_else(|| Some(now())),
+        completed_time: if complete { previous.completed_time.clone().or_else(|| Some(now())) } else { None },
+        message: error.map(|e| format!("retrying after: {e}")).or_else(|| report.message.clone()),
+    }
+}
+
+fn failed_status(
+    previous: &RegistrySchemaStatus,
+    generation: Option<i64>,
+    reason: &str,
+    message: &str,
+) -> RegistrySchemaStatus {
+    RegistrySchemaStatus {
+        observed_generation: generation,
+        phase: Some(DrainPhase::Failed.as_str().to_string()),
+        conditions: vec![
+            condition(previous, "Migrated", false, reason, message, generation),
+            condition(previous, "Drained", false, reason, message, generation),
+        ],
+        message: Some(message.to_string()),
+        ..previous.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn phases_map_to_conditions() {
+        let prev = RegistrySchemaStatus::default();
+        let mut report = DrainReport { phase: Some(DrainPhase::Copying), copied: 5, ..Default::default() };
+        let s = status_from(&prev, Some(1), &report, None);
+        assert_eq!(s.phase.as_deref(), Some("Copying"));
+        assert!(s.conditions.iter().all(|c| c.status == "False"));
+        report.phase = Some(DrainPhase::Draining);
+        let s = status_from(&s, Some(1), &report, None);
+        assert_eq!(s.conditions[0].status, "True");
+        assert_eq!(s.conditions[1].reason, "WaitingForQuiet");
+        report.phase = Some(DrainPhase::Complete);
+        let s = status_from(&s, Some(1), &report, None);
+        assert!(s.conditions.iter().all(|c| c.status == "True"));
+        assert!(s.completed_time.is_some());
+        let s = status_from(&s, Some(1), &report, Some("etcd down"));
+        assert!(s.message.unwrap().contains("etcd down"));
+    }
+}
