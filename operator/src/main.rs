@@ -19,11 +19,50 @@ struct Cli {
 enum Command {
     /// Run the operator: leader election, the RegionPeering and RegistrySchema reconcilers.
     Run(RunArgs),
+    /// Run the v0 -> v1 drain once against an etcd, without the CRD, and print its report.
+    Drain(DrainArgs),
     /// Write the CRD YAML files into a directory (what `make crds` runs).
     Crds {
         #[arg(long, default_value = "crds")]
         out: PathBuf,
     },
+}
+
+#[derive(clap::Args)]
+struct DrainArgs {
+    /// Client URLs of the registry etcd (comma separated).
+    #[arg(long, value_delimiter = ',', required = true)]
+    etcd: Vec<String>,
+    /// Region for legacy values that carry none.
+    #[arg(long)]
+    region: String,
+    /// Cluster for legacy values that carry no clusterName.
+    #[arg(long)]
+    cluster: String,
+    #[arg(long, default_value = aether_operator::keys::V0_ROOT)]
+    legacy_prefix: String,
+    /// Report what would happen and write nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Seconds the legacy prefix must be quiet before its keys are deleted.
+    #[arg(long, default_value_t = 10)]
+    quiet_period_seconds: u64,
+    #[arg(long, default_value_t = 100)]
+    batch_size: usize,
+    /// Keys per second at most; 0 for no limit.
+    #[arg(long, default_value_t = 0)]
+    rate_limit: u64,
+    /// CA certificate (PEM) for https endpoints.
+    #[arg(long)]
+    cacert: Option<PathBuf>,
+    /// Client certificate and key (PEM).
+    #[arg(long, requires = "key")]
+    cert: Option<PathBuf>,
+    #[arg(long, requires = "cert")]
+    key: Option<PathBuf>,
+    /// etcd user (the password comes from ETCD_PASSWORD).
+    #[arg(long)]
+    user: Option<String>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -83,6 +122,15 @@ async fn main() -> anyhow::Result<()> {
             for (name, yaml) in aether_operator::api::crd_files() {
                 std::fs::write(out.join(&name), yaml)?;
                 println!("wrote {}", out.join(&name).display());
+            }
+            Ok(())
+        }
+        Command::Drain(args) => {
+            init_tracing(LogFormat::Text);
+            let report = run_drain(args).await?;
+            print!("{}", report.render());
+            if report.phase != Some(aether_operator::drain::DrainPhase::Complete) {
+                std::process::exit(1);
             }
             Ok(())
         }
@@ -176,4 +224,34 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     shutdown.cancel();
     let _ = server.await;
     Ok(())
+}
+
+async fn run_drain(args: DrainArgs) -> anyhow::Result<aether_operator::drain::DrainReport> {
+    let mut options = etcd_client::ConnectOptions::new();
+    if let Some(ca) = &args.cacert {
+        let mut tls = etcd_client::TlsOptions::new().ca_certificate(etcd_client::Certificate::from_pem(std::fs::read(ca)?));
+        if let (Some(cert), Some(key)) = (&args.cert, &args.key) {
+            tls = tls.identity(etcd_client::Identity::from_pem(std::fs::read(cert)?, std::fs::read(key)?));
+        }
+        options = options.with_tls(tls);
+    }
+    if let Some(user) = &args.user {
+        options = options.with_user(user, std::env::var("ETCD_PASSWORD").unwrap_or_default());
+    }
+    let target = aether_operator::mirror::EtcdTarget { endpoints: args.etcd.clone(), options: Some(options) };
+    let client = target.connect().await?;
+    let mut settings = aether_operator::drain::DrainSettings::new(&args.region, &args.cluster);
+    settings.legacy_prefix = args.legacy_prefix.clone();
+    settings.dry_run = args.dry_run;
+    settings.quiet_period = Duration::from_secs(args.quiet_period_seconds);
+    settings.batch_size = args.batch_size.clamp(1, 128);
+    settings.rate_limit_per_second = args.rate_limit;
+    let (progress, _) = tokio::sync::watch::channel(Default::default());
+    let cancel = CancellationToken::new();
+    let on_signal = cancel.clone();
+    tokio::spawn(async move {
+        let _ = tokio::signal::ctrl_c().await;
+        on_signal.cancel();
+    });
+    aether_operator::drain::drain(&client, &settings, &progress, &cancel).await
 }
