@@ -18,7 +18,7 @@ build:
 
 ## crds: regenerate crds/ (and the chart's copy) from the Rust types
 crds:
-	$(CARGO) run -q -p aether-operator -- crds --out crds
+	$(CARGO) run -q -p aether-operator -- crds --out crds --out config/crd/bases --out charts/aether-federation/crds
 
 ## test: formatting, lints, unit and integration tests against real etcd and kube-apiserver
 test: lint

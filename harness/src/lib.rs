@@ -11,7 +11,7 @@ mod tools;
 
 pub use apiserver::{KubeApiserver, client_from_kubeconfig};
 pub use etcd::{EtcdFlavor, EtcdServer};
-pub use process::{free_port, wait_until};
+pub use process::{Managed as ManagedProcess, free_port, wait_until};
 pub use region::Region;
 pub use tools::{tool_path, tools_bin_dir};
 

@@ -3,6 +3,8 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
+/// A process started by the harness (or a test): logs to a file, killed on drop, log tail
+/// printed when a test panics.
 pub struct Managed {
     name: String,
     log: PathBuf,

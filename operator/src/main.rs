@@ -23,8 +23,9 @@ enum Command {
     Drain(DrainArgs),
     /// Write the CRD YAML files into a directory (what `make crds` runs).
     Crds {
+        /// Directories to write to (repeatable).
         #[arg(long, default_value = "crds")]
-        out: PathBuf,
+        out: Vec<PathBuf>,
     },
 }
 
@@ -118,10 +119,12 @@ fn init_tracing(format: LogFormat) {
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Crds { out } => {
-            std::fs::create_dir_all(&out)?;
-            for (name, yaml) in aether_operator::api::crd_files() {
-                std::fs::write(out.join(&name), yaml)?;
-                println!("wrote {}", out.join(&name).display());
+            for dir in out {
+                std::fs::create_dir_all(&dir)?;
+                for (name, yaml) in aether_operator::api::crd_files() {
+                    std::fs::write(dir.join(&name), yaml)?;
+                    println!("wrote {}", dir.join(&name).display());
+                }
             }
             Ok(())
         }
@@ -229,7 +232,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
 async fn run_drain(args: DrainArgs) -> anyhow::Result<aether_operator::drain::DrainReport> {
     let mut options = etcd_client::ConnectOptions::new();
     if let Some(ca) = &args.cacert {
-        let mut tls = etcd_client::TlsOptions::new().ca_certificate(etcd_client::Certificate::from_pem(std::fs::read(ca)?));
+        let mut tls =
+            etcd_client::TlsOptions::new().ca_certificate(etcd_client::Certificate::from_pem(std::fs::read(ca)?));
         if let (Some(cert), Some(key)) = (&args.cert, &args.key) {
             tls = tls.identity(etcd_client::Identity::from_pem(std::fs::read(cert)?, std::fs::read(key)?));
         }

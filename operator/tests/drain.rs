@@ -11,17 +11,26 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 fn legacy_key(i: usize) -> String {
-    format!("/aether/services/svc{}/protocols/{}/endpoints/10.{}.{}.{}", i % 40, ["http", "grpc"][i % 2], i / 65536, (i / 256) % 256, i % 256)
+    format!(
+        "/aether/services/svc{}/protocols/{}/endpoints/10.{}.{}.{}",
+        i % 40,
+        ["http", "grpc"][i % 2],
+        i / 65536,
+        (i / 256) % 256,
+        i % 256
+    )
 }
 
 /// The origin a legacy value names; every seventh value names none (the defaults apply).
 fn origin(i: usize) -> Option<(String, String)> {
-    (i % 7 != 0).then(|| (format!("r{}", i % 3), format!("c{}", i % 4)))
+    (!i.is_multiple_of(7)).then(|| (format!("r{}", i % 3), format!("c{}", i % 4)))
 }
 
 fn legacy_value(i: usize, version: &str) -> String {
     match origin(i) {
-        Some((r, c)) => format!(r#"{{"region":"{r}","clusterName":"{c}","zone":"z","address":"x","version":"{version}"}}"#),
+        Some((r, c)) => {
+            format!(r#"{{"region":"{r}","clusterName":"{c}","zone":"z","address":"x","version":"{version}"}}"#)
+        }
         None => format!(r#"{{"zone":"z","address":"x","version":"{version}"}}"#),
     }
 }
@@ -40,7 +49,8 @@ fn settings() -> DrainSettings {
 async fn write_legacy(c: &mut Client, range: std::ops::Range<usize>, version: &str) {
     let all: Vec<usize> = range.collect();
     for chunk in all.chunks(120) {
-        let ops: Vec<TxnOp> = chunk.iter().map(|i| TxnOp::put(legacy_key(*i), legacy_value(*i, version), None)).collect();
+        let ops: Vec<TxnOp> =
+            chunk.iter().map(|i| TxnOp::put(legacy_key(*i), legacy_value(*i, version), None)).collect();
         c.txn(Txn::new().and_then(ops)).await.unwrap();
     }
 }
@@ -119,7 +129,9 @@ async fn twenty_thousand_keys_drain_losslessly_under_concurrent_writers() {
     let latest = latest.lock().unwrap().clone();
     for i in 0..N {
         let got = c.get(v1_key(i), None).await.unwrap();
-        let value = String::from_utf8_lossy(got.kvs().first().unwrap_or_else(|| panic!("{} missing", v1_key(i))).value()).to_string();
+        let value =
+            String::from_utf8_lossy(got.kvs().first().unwrap_or_else(|| panic!("{} missing", v1_key(i))).value())
+                .to_string();
         let expected = latest.get(&i).map(|(_, v)| v.clone()).unwrap_or_else(|| legacy_value(i, "v0"));
         assert_eq!(value, expected, "endpoint {i} does not hold its latest write");
     }

@@ -41,8 +41,7 @@ pub async fn observe(local: &mut Client, own_region: &str, expected: &[String]) 
             .kvs()
             .first()
             .and_then(|kv| Checkpoint::decode(kv.value()));
-        let synced =
-            !local.get(keys::canary_key(&origin), Some(GetOptions::new().with_count_only())).await?.count() == 0;
+        let synced = local.get(keys::canary_key(&origin), Some(GetOptions::new().with_count_only())).await?.count() > 0;
         let mut ttl: Option<i64> = None;
         // A few leases tell the story; every shard shares the same keepalive.
         for lease in checkpoint.iter().flat_map(|c| c.leases.iter()).take(4) {

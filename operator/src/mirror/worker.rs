@@ -857,6 +857,9 @@ impl Keeper {
                 let mut slots: Vec<Option<(LeaseKeeper, LeaseKeepAliveStream)>> = leases.iter().map(|_| None).collect();
                 let mut client: Option<Client> = None;
                 let mut reported_lost: Vec<i64> = Vec::new();
+                // A round must end before the next is due, or a slow peer would stretch the
+                // keepalive interval past the TTL.
+                let round_timeout = config.rpc_timeout.min(config.keepalive_interval).max(Duration::from_millis(500));
                 loop {
                     let started = tokio::time::Instant::now();
                     if client.is_none() {
@@ -868,7 +871,7 @@ impl Keeper {
                             let calls = slots
                                 .iter_mut()
                                 .zip(&leases)
-                                .map(|(slot, id)| keep_alive_once(c.clone(), slot, *id, config.rpc_timeout));
+                                .map(|(slot, id)| keep_alive_once(c.clone(), slot, *id, round_timeout));
                             futures::future::join_all(calls).await
                         }
                     };
@@ -932,12 +935,14 @@ async fn keep_alive_once(
                 Err(e) => return Err(e.to_string()),
             }
         }
-        // A new stream sends its first keepalive at once.
-        let (keeper, mut stream) = match client.lease_keep_alive(id).await {
+        // Opening a stream sends a first keepalive and consumes its answer (an expired lease is
+        // an error); one more round trip reads the TTL.
+        let (mut keeper, mut stream) = match client.lease_keep_alive(id).await {
             Ok(pair) => pair,
             Err(e) if is_lease_not_found(&e) => return Ok(0),
             Err(e) => return Err(e.to_string()),
         };
+        keeper.keep_alive().await.map_err(|e| e.to_string())?;
         let ttl = match stream.message().await {
             Ok(Some(resp)) => resp.ttl(),
             Ok(None) => return Err("keepalive stream closed".to_string()),

@@ -1,0 +1,325 @@
+//! The operator binary against a real kube-apiserver, running as a ServiceAccount bound to exactly
+//! the RBAC in config/rbac, with real registry etcds for the region and its peers.
+mod support;
+
+use aether_harness::{EtcdServer, KubeApiserver, ManagedProcess, free_port, wait_until};
+use aether_operator::api::{RegionPeering, RegistrySchema};
+use aether_operator::keys;
+use etcd_client::{Client, GetOptions, Txn, TxnOp};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+use support::*;
+
+const NS: &str = "fed";
+const WAIT: Duration = Duration::from_secs(60);
+
+fn repo(path: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path)
+}
+
+fn kubectl(apiserver: &KubeApiserver, args: &[&str]) -> String {
+    let out = apiserver.kubectl().unwrap().args(args).output().unwrap();
+    assert!(out.status.success(), "kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// The operator, as a ServiceAccount bound to config/rbac.
+fn start_operator(apiserver: &KubeApiserver, dir: &Path, name: &str, metrics_port: u16) -> ManagedProcess {
+    let token = kubectl(apiserver, &["create", "token", "aether-operator", "-n", "aether-system", "--duration", "1h"]);
+    let kubeconfig = apiserver.kubeconfig_for_token(&format!("{name}.kubeconfig"), token.trim()).unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_aether-operator"));
+    cmd.arg("run")
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(["--namespaces", NS, "--identity", name, "--refresh-seconds", "1"])
+        .args(["--metrics-addr", &format!("127.0.0.1:{metrics_port}")])
+        .env("RUST_LOG", "info,aether_operator=debug");
+    ManagedProcess::spawn(name, cmd, &dir.join(format!("{name}.log"))).unwrap()
+}
+
+async fn put_endpoints(etcd: &EtcdServer, region: &str, n: usize) {
+    let mut c = Client::connect([etcd.endpoint()], None).await.unwrap();
+    let ops: Vec<TxnOp> = (0..n)
+        .map(|i| {
+            let key = format!(
+                "{}clusters/c1/services/s{}/protocols/tcp/endpoints/10.1.0.{}",
+                keys::region_prefix(region),
+                i % 5,
+                i
+            );
+            TxnOp::put(key, format!(r#"{{"region":"{region}","clusterName":"c1"}}"#), None)
+        })
+        .collect();
+    c.txn(Txn::new().and_then(ops)).await.unwrap();
+}
+
+async fn mirrored(etcd: &EtcdServer, origin: &str) -> i64 {
+    let mut c = Client::connect([etcd.endpoint()], None).await.unwrap();
+    c.get(keys::region_prefix(origin), Some(GetOptions::new().with_prefix().with_count_only())).await.unwrap().count()
+}
+
+fn condition(rp: &RegionPeering, type_: &str) -> Option<(String, String, String)> {
+    rp.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+async fn wait_condition(
+    api: &Api<RegionPeering>,
+    name: &str,
+    type_: &str,
+    status: &str,
+    reason: Option<&str>,
+) -> RegionPeering {
+    let mut last = None;
+    let deadline = std::time::Instant::now() + WAIT;
+    while std::time::Instant::now() < deadline {
+        if let Ok(rp) = api.get(name).await {
+            if let Some((s, r, _)) = condition(&rp, type_)
+                && s == status
+                && reason.is_none_or(|want| want == r)
+            {
+                return rp;
+            }
+            last = Some(rp);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!(
+        "{name}: condition {type_}={status} ({reason:?}) not reached; last status: {:?}",
+        last.and_then(|r| r.status)
+    );
+}
+
+fn peering(name: &str, region: &str, local: &EtcdServer, peers: &[(&str, &EtcdServer)]) -> serde_json::Value {
+    json!({
+        "apiVersion": "federation.aether.dev/v1alpha1",
+        "kind": "RegionPeering",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "region": region,
+            "localEtcd": {"endpoints": [local.endpoint()]},
+            "peers": peers.iter().map(|(r, e)| json!({"region": r, "endpoints": [e.endpoint()]})).collect::<Vec<_>>(),
+            "lease": {"ttlSeconds": 6, "keepaliveIntervalSeconds": 2},
+            "failureDetector": {"acceptablePauseSeconds": 3},
+        }
+    })
+}
+
+#[tokio::test]
+async fn the_operator_runs_as_its_service_account_and_follows_the_spec() {
+    let (apiserver, a, b, c) = tokio::try_join!(
+        KubeApiserver::start("op"),
+        EtcdServer::start("op-a"),
+        EtcdServer::start("op-b"),
+        EtcdServer::start("op-c")
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let client = apiserver.client().await.unwrap();
+    install_crds(&client).await.unwrap();
+    ensure_namespace(&client, "aether-system").await.unwrap();
+    ensure_namespace(&client, NS).await.unwrap();
+    kubectl(&apiserver, &["apply", "-k", repo("config/rbac").to_str().unwrap()]);
+    put_endpoints(&a, "a", 100).await;
+    put_endpoints(&b, "b", 40).await;
+
+    let metrics_port = free_port();
+    let _operator = start_operator(&apiserver, dir.path(), "operator-0", metrics_port);
+    let api: Api<RegionPeering> = Api::namespaced(client.clone(), NS);
+    create_json(&client, NS, peering("a", "a", &a, &[("b", &b), ("c", &c)])).await.unwrap();
+
+    // Ready means synced everywhere, not merely connected.
+    let rp = wait_condition(&api, "a", "Ready", "True", Some("AllPeersReady")).await;
+    assert_eq!((mirrored(&b, "a").await, mirrored(&c, "a").await), (100, 100));
+    let status = rp.status.clone().unwrap();
+    assert_eq!(status.peers_ready.as_deref(), Some("2/2"));
+    assert_eq!(status.leader.as_deref(), Some("operator-0"));
+    assert_eq!(status.observed_generation, rp.metadata.generation);
+    for p in &status.peers {
+        assert_eq!(
+            (p.phase.as_str(), p.replication.keys, p.replication.synced, p.reachable),
+            ("Watching", 100, true, true)
+        );
+        assert!(p.keepalive.leases >= 1);
+    }
+    assert_eq!(condition(&rp, "Replicating").unwrap().0, "True");
+    assert_eq!(condition(&rp, "PeersReachable").unwrap().0, "True");
+    assert_eq!(condition(&rp, "KeepaliveDegraded").unwrap().0, "False");
+    let table = kubectl(&apiserver, &["get", "regionpeerings", "-n", NS, "-o", "wide"]);
+    assert!(table.lines().any(|l| l.starts_with("a ") && l.contains("2/2") && l.contains("True")), "{table}");
+
+    // An endpoint written in a appears in b and c.
+    put_endpoints(&a, "a", 101).await;
+    wait_until("new key mirrored", WAIT, || async {
+        Ok(mirrored(&b, "a").await == 101 && mirrored(&c, "a").await == 101)
+    })
+    .await
+    .unwrap();
+
+    // Events and metrics say what happened, with region and peer.
+    let events = kubectl(&apiserver, &["get", "events", "-n", NS, "-o", "custom-columns=REASON:.reason,NOTE:.message"]);
+    for reason in ["LeaderElected", "LeaseGranted", "Synced", "ResyncStarted"] {
+        assert!(events.contains(reason), "no {reason} event in\n{events}");
+    }
+    assert!(events.contains("a -> b") && events.contains("a -> c"), "{events}");
+    wait_until("metrics", WAIT, || async {
+        let metrics = scrape_metrics(metrics_port).await;
+        Ok(metrics.contains(r#"aether_federation_mirrored_keys{region="a",peer="b"} 101"#)
+            && metrics.contains("aether_federation_leader 1"))
+    })
+    .await
+    .unwrap();
+
+    // The inbound view: what b mirrors into a shows up in a's status once b runs too.
+    create_json(&client, NS, peering("b", "b", &b, &[("a", &a)])).await.unwrap();
+    wait_condition(&api, "b", "Ready", "True", None).await;
+    let inbound_seen = wait_until("inbound view", WAIT, || {
+        let api = api.clone();
+        async move {
+            let rp = api.get("a").await?;
+            Ok(rp
+                .status
+                .and_then(|s| s.inbound.into_iter().find(|i| i.region == "b"))
+                .is_some_and(|i| i.keys == 40 && i.synced))
+        }
+    })
+    .await;
+    if let Err(e) = inbound_seen {
+        panic!("{e}: {:?}", api.get("a").await.map(|r| r.status));
+    }
+
+    // Removing a peer stops its worker; its mirror lapses with the lease (TTL 6 s).
+    api.patch(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"peers": [{"region": "b", "endpoints": [b.endpoint()]}]}})),
+    )
+    .await
+    .unwrap();
+    wait_until("c's mirror lapses", WAIT, || async { Ok(mirrored(&c, "a").await == 0) }).await.unwrap();
+    let rp = wait_condition(&api, "a", "Ready", "True", None).await;
+    assert_eq!(rp.status.unwrap().peers.iter().map(|p| p.region.as_str()).collect::<Vec<_>>(), vec!["b"]);
+    assert_eq!(mirrored(&b, "a").await, 101, "the remaining peer is untouched");
+
+    // A second RegionPeering for the same region on the same etcd runs nothing.
+    create_json(&client, NS, peering("a-again", "a", &a, &[("c", &c)])).await.unwrap();
+    let dup = wait_condition(&api, "a-again", "Conflict", "True", Some("RegionClaimed")).await;
+    assert!(condition(&dup, "Conflict").unwrap().2.contains("fed/a"));
+    assert_eq!(mirrored(&c, "a").await, 0);
+    api.delete("a-again", &DeleteParams::default()).await.unwrap();
+
+    // A missing Secret is named in the condition, and nothing crashes.
+    let mut broken = peering("tls", "t", &a, &[("b", &b)]);
+    broken["spec"]["peers"][0]["endpoints"] = json!(["https://127.0.0.1:1"]);
+    broken["spec"]["peers"][0]["tls"] = json!({"secretRef": {"name": "peer-creds"}});
+    create_json(&client, NS, broken).await.unwrap();
+    let rp = wait_condition(&api, "tls", "Ready", "False", Some("SecretNotFound")).await;
+    assert!(condition(&rp, "Ready").unwrap().2.contains("Secret peer-creds not found"));
+    // A malformed Secret names the key; its content never shows in status.
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), NS);
+    let secret = serde_json::from_value(
+        json!({"metadata": {"name": "peer-creds"}, "stringData": {"ca.crt": "top-secret-not-pem"}}),
+    )
+    .unwrap();
+    secrets.create(&PostParams::default(), &secret).await.unwrap();
+    let rp = wait_condition(&api, "tls", "Ready", "False", Some("SecretInvalid")).await;
+    let message = condition(&rp, "Ready").unwrap().2;
+    assert!(message.contains("ca.crt") && !message.contains("top-secret"), "{message}");
+    api.delete("tls", &DeleteParams::default()).await.unwrap();
+
+    // Suspend stops the workers and says so.
+    api.patch("a", &PatchParams::default(), &Patch::Merge(json!({"spec": {"suspend": true}}))).await.unwrap();
+    let rp = wait_condition(&api, "a", "Suspended", "True", None).await;
+    assert_eq!(condition(&rp, "Ready").unwrap().1, "Suspended");
+    wait_until("suspended mirror lapses", WAIT, || async { Ok(mirrored(&b, "a").await == 0) }).await.unwrap();
+}
+
+async fn scrape_metrics(port: u16) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").await.unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).await.unwrap();
+    body
+}
+
+#[tokio::test]
+async fn without_crds_the_operator_says_how_to_install_them() {
+    let apiserver = KubeApiserver::start("nocrd").await.unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_aether-operator"))
+        .args(["run", "--metrics-addr", &format!("127.0.0.1:{}", free_port())])
+        .arg("--kubeconfig")
+        .arg(apiserver.kubeconfig())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(text.contains("kubectl apply -f crds/") && text.contains("regionpeerings.federation.aether.dev"), "{text}");
+}
+
+#[tokio::test]
+async fn registry_schema_status_follows_the_drain() {
+    let (apiserver, etcd) = tokio::try_join!(KubeApiserver::start("schema"), EtcdServer::start("schema-etcd")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let client = apiserver.client().await.unwrap();
+    install_crds(&client).await.unwrap();
+    ensure_namespace(&client, "aether-system").await.unwrap();
+    ensure_namespace(&client, NS).await.unwrap();
+    kubectl(&apiserver, &["apply", "-k", repo("config/rbac").to_str().unwrap()]);
+    let mut c = Client::connect([etcd.endpoint()], None).await.unwrap();
+    for i in 0..300 {
+        c.put(
+            format!("/aether/services/s/protocols/tcp/endpoints/10.2.{}.{}", i / 200, i % 200),
+            r#"{"clusterName":"c7"}"#,
+            None,
+        )
+        .await
+        .unwrap();
+    }
+    c.put("/aether/services/s/protocols/tcp/endpoints/bogus", "{}", None).await.unwrap();
+    let _operator = start_operator(&apiserver, dir.path(), "operator-0", free_port());
+    let schema = json!({
+        "apiVersion": "federation.aether.dev/v1alpha1",
+        "kind": "RegistrySchema",
+        "metadata": {"name": "registry", "namespace": NS},
+        "spec": {"etcd": {"endpoints": [etcd.endpoint()]}, "region": "eu", "cluster": "dflt", "drain": {"quietPeriodSeconds": 1}},
+    });
+    create_json(&client, NS, schema).await.unwrap();
+    let api: Api<RegistrySchema> = Api::namespaced(client.clone(), NS);
+    let mut phases = std::collections::BTreeSet::new();
+    let done = tokio::time::timeout(WAIT, async {
+        loop {
+            let rs = api.get("registry").await.unwrap();
+            if let Some(s) = rs.status {
+                phases.extend(s.phase.clone());
+                if s.phase.as_deref() == Some("Complete") {
+                    return s;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await
+    .expect("the drain completes");
+    assert_eq!(
+        (done.counts.legacy_seen, done.counts.copied, done.counts.skipped, done.counts.deleted),
+        (301, 300, 1, 300)
+    );
+    assert!(done.skipped_keys[0].contains("bogus"));
+    assert!(done.conditions.iter().all(|c| c.status == "True"), "{:?}", done.conditions);
+    assert!(done.started_time.is_some() && done.completed_time.is_some());
+    assert!(phases.contains("Complete") && phases.len() >= 2, "phases seen: {phases:?}");
+    let v1 =
+        c.get(keys::cluster_prefix("eu", "c7"), Some(GetOptions::new().with_prefix().with_count_only())).await.unwrap();
+    assert_eq!(v1.count(), 300);
+    let table = kubectl(&apiserver, &["get", "registryschemas", "-n", NS]);
+    assert!(table.contains("Complete") && table.contains("300"), "{table}");
+}
