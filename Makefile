@@ -20,10 +20,26 @@ build:
 crds:
 	$(CARGO) run -q -p aether-operator -- crds --out crds --out config/crd/bases --out charts/aether-federation/crds
 
-## test: formatting, lints, unit and integration tests against real etcd and kube-apiserver
+## demo: two regions on this machine, an operator each; shows the federation and a region's mirror lapsing
+demo: tools
+	$(CARGO) build -q -p aether-operator -p aether-e2e
+	target/debug/aether-demo
+
+## test: formatting, lints, unit and integration tests against real etcd and kube-apiserver, the e2e
 test: lint
-	$(CARGO) test --workspace --no-fail-fast
+	$(CARGO) test --workspace --exclude aether-e2e --no-fail-fast
 	$(MAKE) test-etcd34
+	$(MAKE) e2e
+
+## e2e: the multi-region scenario (2 then 3 regions) on local real parts
+e2e:
+	$(CARGO) build -q -p aether-operator
+	$(CARGO) test -p aether-e2e --test e2e -- --test-threads=1
+
+## bench: the mirror's and the drain's throughput, latency and memory (prints a table)
+bench: tools
+	$(CARGO) build -q --release -p aether-operator -p aether-bench
+	target/release/aether-bench
 
 ## test-etcd34: the mirror's suite again, on Debian's etcd 3.4
 test-etcd34:

@@ -1,0 +1,142 @@
+//! The multi-region scenario on local real parts, with two regions and then three: visibility,
+//! the data path, a leader handoff, the loss of a region and its recovery. Every step is checked
+//! through the RegionPeering status as well as through etcd.
+use aether_e2e::{Federation, LEASE_TTL_SECONDS, endpoint_key, endpoint_value};
+use aether_harness::wait_until;
+use aether_operator::keys;
+use etcd_client::{EventType, WatchOptions};
+use std::time::Duration;
+
+const WAIT: Duration = Duration::from_secs(90);
+
+async fn scenario(names: &[&str]) {
+    let mut fed = Federation::start(names).await.expect("regions start");
+    fed.apply_peerings().unwrap();
+    for r in names {
+        fed.write_endpoints(r, 200).await.unwrap();
+    }
+    // Two replicas in a (for the handoff), one elsewhere.
+    fed.start_operator("a").unwrap();
+    fed.start_operator("a").unwrap();
+    for r in &names[1..] {
+        fed.start_operator(r).unwrap();
+    }
+
+    // 1. Visibility: every region Ready, every region holds every other's subtree.
+    for r in names {
+        fed.wait_condition(r, "Ready", "True", WAIT).await.unwrap();
+    }
+    for r in names {
+        for origin in names {
+            assert_eq!(fed.keys_of(r, origin).await.unwrap(), 200, "{origin}'s keys in {r}");
+        }
+        let status = fed.peering(r).await.unwrap().status.unwrap();
+        assert_eq!(status.peers_ready, Some(format!("{0}/{0}", names.len() - 1)));
+        assert!(status.peers.iter().all(|p| p.replication.keys == 200 && p.replication.synced));
+    }
+
+    // 2. Data path: written in a, seen everywhere; deleted in a, gone everywhere.
+    let mut a = fed.registry_client("a").await.unwrap();
+    a.put(endpoint_key("a", 9999), endpoint_value("a", 9999), None).await.unwrap();
+    for r in &names[1..] {
+        let r = *r;
+        wait_until("put mirrored", WAIT, || {
+            let fed = &fed;
+            async move { Ok(fed.keys_of(r, "a").await? == 201) }
+        })
+        .await
+        .unwrap();
+    }
+    a.delete(endpoint_key("a", 9999), None).await.unwrap();
+    for r in &names[1..] {
+        let r = *r;
+        wait_until("delete mirrored", WAIT, || {
+            let fed = &fed;
+            async move { Ok(fed.keys_of(r, "a").await? == 200) }
+        })
+        .await
+        .unwrap();
+    }
+
+    // 3. Leader handoff in a: kill the leader; no mirrored key of a disappears in b.
+    let mut b = fed.registry_client("b").await.unwrap();
+    let from = b.status().await.unwrap().header().unwrap().revision() + 1;
+    let mut watch = b
+        .watch(keys::region_prefix("a"), Some(WatchOptions::new().with_prefix().with_start_revision(from)))
+        .await
+        .unwrap();
+    let leader = fed.peering("a").await.unwrap().status.unwrap().leader.unwrap();
+    fed.kill_operator(&leader);
+    wait_until("a new leader in a", WAIT, || {
+        let fed = &fed;
+        let leader = leader.clone();
+        async move {
+            let status = fed.peering("a").await?.status.unwrap_or_default();
+            let ready = status.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True");
+            Ok(status.leader.is_some_and(|l| l != leader) && ready)
+        }
+    })
+    .await
+    .unwrap();
+    // Past the old keepalives' TTL: the successor adopted the leases.
+    tokio::time::sleep(Duration::from_secs(LEASE_TTL_SECONDS as u64 + 2)).await; // outlive the TTL, on purpose
+    let mut deletes = 0;
+    while let Ok(Ok(Some(resp))) = tokio::time::timeout(Duration::from_millis(300), watch.message()).await {
+        deletes += resp.events().iter().filter(|e| e.event_type() == EventType::Delete).count();
+    }
+    assert_eq!(deletes, 0, "a mirrored key of a disappeared in b during the handoff");
+    for r in &names[1..] {
+        assert_eq!(fed.keys_of(r, "a").await.unwrap(), 200);
+    }
+
+    // 4. Region loss: a's operators and a's registry etcd go away.
+    let a_operators: Vec<String> = fed.operators["a"].iter().map(|o| o.name.clone()).collect();
+    for op in a_operators {
+        fed.kill_operator(&op);
+    }
+    fed.region_mut("a").registry.kill();
+    for r in &names[1..] {
+        let r = *r;
+        wait_until("a's mirror expires", WAIT, || {
+            let fed = &fed;
+            async move { Ok(fed.keys_of(r, "a").await? == 0) }
+        })
+        .await
+        .unwrap();
+        fed.wait_condition(r, "PeersReachable", "False", WAIT).await.unwrap();
+        let status = fed.peering(r).await.unwrap().status.unwrap();
+        let a_peer = status.peers.iter().find(|p| p.region == "a").unwrap();
+        assert!(!a_peer.reachable);
+        // Their own mirrors are unaffected.
+        for other in names.iter().filter(|o| **o != "a" && **o != r) {
+            assert_eq!(fed.keys_of(other, r).await.unwrap(), 200, "{r}'s mirror in {other}");
+        }
+        assert_eq!(fed.keys_of(r, r).await.unwrap(), 200);
+    }
+
+    // 5. Recovery: a comes back, resyncs and is Ready; the others see it reachable again.
+    fed.region_mut("a").registry.restart().await.unwrap();
+    fed.start_operator("a").unwrap();
+    fed.wait_condition("a", "Ready", "True", WAIT).await.unwrap();
+    for r in &names[1..] {
+        let r = *r;
+        wait_until("a's mirror back", WAIT, || {
+            let fed = &fed;
+            async move { Ok(fed.keys_of(r, "a").await? == 200) }
+        })
+        .await
+        .unwrap();
+        fed.wait_condition(r, "PeersReachable", "True", WAIT).await.unwrap();
+        fed.wait_condition(r, "Ready", "True", WAIT).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn two_regions() {
+    scenario(&["a", "b"]).await;
+}
+
+#[tokio::test]
+async fn three_regions() {
+    scenario(&["a", "b", "c"]).await;
+}
