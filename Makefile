@@ -5,7 +5,7 @@ export AETHER_TOOLS_BIN := $(TOOLS_BIN)
 export PATH := $(TOOLS_BIN):$(PATH)
 CARGO ?= cargo
 
-.PHONY: all tools build crds test test-etcd34 lint fmt bench demo e2e e2e-kind lint-chart clean
+.PHONY: all tools build manifests crds test test-etcd34 lint fmt bench demo e2e e2e-kind lint-chart clean
 
 all: build
 
@@ -16,9 +16,10 @@ tools:
 build:
 	$(CARGO) build --workspace --all-targets
 
-## crds: regenerate crds/ (and the chart's copy) from the Rust types
-crds:
-	$(CARGO) run -q -p aether-operator -- crds --out crds --out config/crd/bases --out charts/aether-federation/crds
+## manifests: regenerate the CRDs (crds/, config/, the chart) and the RBAC from operator/src
+manifests:
+	$(CARGO) run -q -p aether-operator -- manifests --root .
+crds: manifests
 
 ## demo: two regions on this machine, an operator each; shows the federation and a region's mirror lapsing
 demo: tools
@@ -35,6 +36,14 @@ test: lint
 e2e:
 	$(CARGO) build -q -p aether-operator
 	$(CARGO) test -p aether-e2e --test e2e -- --test-threads=1
+
+## lint-chart: helm lint, kubeconform -strict, server-side dry run of the chart and config/default
+lint-chart:
+	$(CARGO) test -p aether-operator --test chart
+
+## e2e-kind: the e2e scenario on two kind clusters (needs Docker and kind)
+e2e-kind:
+	e2e/kind.sh
 
 ## bench: the mirror's and the drain's throughput, latency and memory (prints a table)
 bench: tools

@@ -1,1 +1,614 @@
-fn main() {}
+//! `make bench`: measures the mirror against `etcdctl make-mirror` and against the raw ceiling of
+//! batched Txns, on real etcd servers on this machine, and the drain's re-keying rate. It prints a
+//! table; it asserts nothing (the targets are read off the table).
+//!
+//! `aether-bench worker ...` is the mirror under test as its own process, so that its memory can
+//! be measured.
+use aether_harness::{EtcdFlavor, EtcdServer, ManagedProcess, tool_path};
+use aether_operator::keys;
+use aether_operator::mirror::{self, EtcdTarget, MirrorConfig, MirrorHandle, Phase};
+use etcd_client::{Client, GetOptions, PutOptions, Txn, TxnOp, WatchOptions};
+use futures::StreamExt;
+use std::collections::HashMap;
+use std::io::BufRead;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const SYNC_KEYS: usize = 100_000;
+const MATRIX_KEYS: usize = 20_000;
+const CATCHUP_REVISIONS: usize = 20_000;
+const STEADY_RATE: u64 = 1_000;
+const STEADY_SECONDS: u64 = 30;
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("worker") {
+        return worker_process(&args[2..]).await;
+    }
+    let only: Option<String> = args.get(1).cloned();
+    let want = |name: &str| only.as_deref().is_none_or(|o| o == name);
+    let mut table = Table::default();
+    if want("sync") {
+        bench_sync(&mut table).await?;
+    }
+    if want("catchup") {
+        bench_catchup(&mut table).await?;
+    }
+    if want("steady") {
+        bench_steady(&mut table).await?;
+    }
+    if want("leases") {
+        bench_leases(&mut table).await?;
+    }
+    if want("drain") {
+        bench_drain(&mut table).await?;
+    }
+    println!("\n{}", table.render());
+    Ok(())
+}
+
+#[derive(Default)]
+struct Table {
+    rows: Vec<[String; 4]>,
+}
+
+impl Table {
+    fn row(&mut self, scenario: &str, subject: &str, result: String, note: String) {
+        println!("  {scenario} | {subject} | {result} | {note}");
+        self.rows.push([scenario.into(), subject.into(), result, note]);
+    }
+
+    fn render(&self) -> String {
+        let header = ["scenario", "subject", "result", "note"];
+        let widths: Vec<usize> =
+            (0..4).map(|i| self.rows.iter().map(|r| r[i].len()).chain([header[i].len()]).max().unwrap_or(0)).collect();
+        let line = |cells: [&str; 4]| {
+            cells.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect::<Vec<_>>().join(" | ")
+        };
+        let mut out = vec![line(header), widths.iter().map(|w| "-".repeat(*w)).collect::<Vec<_>>().join("-|-")];
+        for r in &self.rows {
+            out.push(line([&r[0], &r[1], &r[2], &r[3]]));
+        }
+        out.join("\n")
+    }
+}
+
+fn key(region: &str, i: usize) -> String {
+    format!(
+        "{}clusters/c{}/services/svc-{}/protocols/http/endpoints/10.{}.{}.{}",
+        keys::region_prefix(region),
+        i % 4,
+        i % 97,
+        (i >> 16) & 255,
+        (i >> 8) & 255,
+        i & 255
+    )
+}
+
+/// About 250 bytes of endpoint JSON.
+fn value(i: usize, tag: &str) -> String {
+    format!(
+        r#"{{"clusterName":"c{}","region":"a","zone":"a-zone-{}","address":"10.{}.{}.{}","port":8080,"protocol":"http","weight":100,"labels":{{"app":"svc-{}","version":"v1","tier":"backend"}},"tag":"{tag}","pad":"{}"}}"#,
+        i % 4,
+        i % 3,
+        (i >> 16) & 255,
+        (i >> 8) & 255,
+        i & 255,
+        i % 97,
+        "x".repeat(40)
+    )
+}
+
+async fn fill(origin: &Client, n: usize, tag: &str) -> anyhow::Result<()> {
+    let chunks: Vec<Vec<usize>> = (0..n).collect::<Vec<_>>().chunks(120).map(|c| c.to_vec()).collect();
+    futures::stream::iter(chunks)
+        .map(|chunk| {
+            let mut c = origin.clone();
+            let tag = tag.to_string();
+            async move {
+                let ops: Vec<TxnOp> = chunk.iter().map(|i| TxnOp::put(key("a", *i), value(*i, &tag), None)).collect();
+                c.txn(Txn::new().and_then(ops)).await
+            }
+        })
+        .buffer_unordered(8)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(())
+}
+
+async fn count(c: &Client, prefix: &str) -> i64 {
+    let mut c = c.clone();
+    c.get(prefix, Some(GetOptions::new().with_prefix().with_count_only())).await.map(|r| r.count()).unwrap_or(0)
+}
+
+async fn wait_count(c: &Client, prefix: &str, n: usize, limit: Duration) -> Option<Duration> {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if count(c, prefix).await >= n as i64 {
+            return Some(start.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}
+
+fn bench_config(peer: &str) -> MirrorConfig {
+    let mut c = MirrorConfig::new("a", peer, &format!("bench-{peer}"));
+    c.lease_ttl_seconds = 60;
+    c.keepalive_interval = Duration::from_secs(10);
+    c
+}
+
+fn spawn_worker(config: MirrorConfig, origin: &EtcdServer, peer: EtcdTarget) -> MirrorHandle {
+    let (tx, _rx) = tokio::sync::mpsc::channel(1024);
+    std::mem::forget(_rx); // keep events flowing nowhere without blocking
+    mirror::spawn(config, EtcdTarget::plain([origin.endpoint()]), peer, tx)
+}
+
+async fn wait_synced(handle: &MirrorHandle, limit: Duration) -> anyhow::Result<()> {
+    let mut rx = handle.subscribe();
+    tokio::time::timeout(limit, rx.wait_for(|h| h.synced && h.phase == Phase::Watching))
+        .await
+        .map_err(|_| anyhow::anyhow!("sync did not finish: {:?}", handle.health()))??;
+    Ok(())
+}
+
+fn rate(keys: usize, d: Duration) -> f64 {
+    keys as f64 / d.as_secs_f64()
+}
+
+/// make-mirror of a's subtree from `origin` into `peer`.
+fn make_mirror(origin: &EtcdServer, peer: &EtcdServer, log: &std::path::Path) -> anyhow::Result<ManagedProcess> {
+    let mut cmd = Command::new(tool_path("etcdctl")?);
+    cmd.args([
+        "--endpoints",
+        &origin.endpoint(),
+        "make-mirror",
+        "--prefix",
+        &keys::region_prefix("a"),
+        "--no-dest-prefix",
+        &peer.endpoint(),
+    ]);
+    ManagedProcess::spawn("make-mirror", cmd, log)
+}
+
+async fn bench_sync(table: &mut Table) -> anyhow::Result<()> {
+    println!("initial sync of {SYNC_KEYS} keys");
+    let dir = tempfile_dir()?;
+    let prefix = keys::region_prefix("a");
+    for peers in [1usize, 2] {
+        // This mirror, as its own process; its peak RSS is measured during the sync.
+        let origin = EtcdServer::start("bench-origin").await?;
+        let oc = Client::connect([origin.endpoint()], None).await?;
+        fill(&oc, SYNC_KEYS, "v1").await?;
+        let targets: Vec<EtcdServer> = futures::future::try_join_all(
+            (0..peers)
+                .map(|i| EtcdServer::start_with(if i == 0 { "bench-b" } else { "bench-c" }, EtcdFlavor::Default, &[])),
+        )
+        .await?;
+        let mut cmd = Command::new(std::env::current_exe()?);
+        cmd.arg("worker").arg(origin.endpoint());
+        for (i, t) in targets.iter().enumerate() {
+            cmd.arg(format!("{}={}", ["b", "c"][i], t.endpoint()));
+        }
+        let start = Instant::now();
+        let mut child = cmd.stdout(Stdio::piped()).spawn()?;
+        let pid = child.id();
+        let peak = Arc::new(Mutex::new(0u64));
+        let sampler = {
+            let peak = peak.clone();
+            std::thread::spawn(move || {
+                while let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
+                    if let Some(kb) = status
+                        .lines()
+                        .find(|l| l.starts_with("VmHWM:"))
+                        .and_then(|l| l.split_whitespace().nth(1))
+                        .and_then(|v| v.parse::<u64>().ok())
+                    {
+                        *peak.lock().unwrap() = kb;
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            })
+        };
+        let stdout = child.stdout.take().expect("piped");
+        let mut synced = 0;
+        for line in std::io::BufReader::new(stdout).lines() {
+            if line?.starts_with("synced") {
+                synced += 1;
+                if synced == peers {
+                    break;
+                }
+            }
+        }
+        let elapsed = start.elapsed();
+        let rss_kb = *peak.lock().unwrap();
+        child.kill()?;
+        child.wait()?;
+        let _ = sampler.join();
+        for t in &targets {
+            let tc = Client::connect([t.endpoint()], None).await?;
+            anyhow::ensure!(count(&tc, &prefix).await == SYNC_KEYS as i64, "the mirror's copy is incomplete");
+        }
+        let mirror_rate = rate(SYNC_KEYS * peers, elapsed);
+        table.row(
+            &format!("sync {SYNC_KEYS} keys, {peers} peer(s)"),
+            "this mirror",
+            format!("{mirror_rate:.0} keys/s"),
+            format!("{:.2}s, peak RSS {:.1} MiB", elapsed.as_secs_f64(), rss_kb as f64 / 1024.0),
+        );
+
+        // make-mirror, same data, fresh peers.
+        let fresh: Vec<EtcdServer> = futures::future::try_join_all(
+            (0..peers).map(|i| EtcdServer::start_with(if i == 0 { "mm-b" } else { "mm-c" }, EtcdFlavor::Default, &[])),
+        )
+        .await?;
+        let start = Instant::now();
+        let _mms: Vec<ManagedProcess> = fresh
+            .iter()
+            .enumerate()
+            .map(|(i, t)| make_mirror(&origin, t, &dir.path().join(format!("mm-{peers}-{i}.log"))))
+            .collect::<Result<_, _>>()?;
+        let mut done = true;
+        for t in &fresh {
+            let tc = Client::connect([t.endpoint()], None).await?;
+            done &= wait_count(&tc, &prefix, SYNC_KEYS, Duration::from_secs(600)).await.is_some();
+        }
+        let mm = start.elapsed();
+        let mm_rate = rate(SYNC_KEYS * peers, mm);
+        table.row(
+            &format!("sync {SYNC_KEYS} keys, {peers} peer(s)"),
+            "etcdctl make-mirror",
+            format!("{mm_rate:.0} keys/s"),
+            format!(
+                "{:.2}s{}; mirror is {:.1}x",
+                mm.as_secs_f64(),
+                if done { "" } else { " (did not finish)" },
+                mirror_rate / mm_rate
+            ),
+        );
+
+        // The raw ceiling: the same pages written straight into fresh peers in batched Txns.
+        let raw_peers: Vec<EtcdServer> = futures::future::try_join_all(
+            (0..peers)
+                .map(|i| EtcdServer::start_with(if i == 0 { "raw-b" } else { "raw-c" }, EtcdFlavor::Default, &[])),
+        )
+        .await?;
+        let start = Instant::now();
+        futures::future::try_join_all(raw_peers.iter().map(|p| raw_copy(&oc, p))).await?;
+        let raw = start.elapsed();
+        let raw_rate = rate(SYNC_KEYS * peers, raw);
+        table.row(
+            &format!("sync {SYNC_KEYS} keys, {peers} peer(s)"),
+            "raw ceiling (batched Txns, no lease)",
+            format!("{raw_rate:.0} keys/s"),
+            format!("{:.2}s; mirror reaches {:.0}%", raw.as_secs_f64(), 100.0 * mirror_rate / raw_rate),
+        );
+    }
+    Ok(())
+}
+
+/// The raw ceiling into a peer server.
+async fn raw_copy(origin: &Client, peer: &EtcdServer) -> anyhow::Result<()> {
+    raw_copy_client(origin, &Client::connect([peer.endpoint()], None).await?).await
+}
+
+/// The mirror under test, as a process: `worker <origin> <peer>=<endpoint>...`. Prints
+/// "synced <peer>" for each peer once its initial sync is complete, then keeps running.
+async fn worker_process(args: &[String]) -> anyhow::Result<()> {
+    let origin = args.first().ok_or_else(|| anyhow::anyhow!("usage: worker <origin> <peer>=<endpoint>..."))?;
+    let mut handles = Vec::new();
+    for spec in &args[1..] {
+        let (peer, endpoint) = spec.split_once('=').ok_or_else(|| anyhow::anyhow!("peer as region=endpoint"))?;
+        let (tx, rx) = tokio::sync::mpsc::channel(1024);
+        std::mem::forget(rx);
+        handles.push((
+            peer.to_string(),
+            mirror::spawn(
+                bench_config(peer),
+                EtcdTarget::plain([origin.clone()]),
+                EtcdTarget::plain([endpoint.to_string()]),
+                tx,
+            ),
+        ));
+    }
+    for (peer, h) in &handles {
+        wait_synced(h, Duration::from_secs(600)).await?;
+        println!("synced {peer}");
+    }
+    std::future::pending::<()>().await;
+    Ok(())
+}
+
+async fn bench_catchup(table: &mut Table) -> anyhow::Result<()> {
+    println!("catch-up of {CATCHUP_REVISIONS} single-key revisions (64 in flight)");
+    let dir = tempfile_dir()?;
+    let prefix = keys::region_prefix("a");
+    for subject in ["this mirror", "etcdctl make-mirror"] {
+        let (origin, peer) = tokio::try_join!(EtcdServer::start("cu-a"), EtcdServer::start("cu-b"))?;
+        let oc = Client::connect([origin.endpoint()], None).await?;
+        let pc = Client::connect([peer.endpoint()], None).await?;
+        let handle;
+        let _mm;
+        if subject == "this mirror" {
+            handle = Some(spawn_worker(bench_config("b"), &origin, EtcdTarget::plain([peer.endpoint()])));
+            wait_synced(handle.as_ref().expect("set"), Duration::from_secs(60)).await?;
+            _mm = None;
+        } else {
+            handle = None;
+            _mm = Some(make_mirror(&origin, &peer, &dir.path().join("mm-catchup.log"))?);
+            tokio::time::sleep(Duration::from_secs(1)).await; // let make-mirror start its watch
+        }
+        let start = Instant::now();
+        futures::stream::iter(0..CATCHUP_REVISIONS)
+            .map(|i| {
+                let mut c = oc.clone();
+                async move { c.put(key("a", i), value(i, "cu"), None).await }
+            })
+            .buffer_unordered(64)
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()?;
+        let wrote = start.elapsed();
+        let caught = wait_count(&pc, &prefix, CATCHUP_REVISIONS, Duration::from_secs(600)).await;
+        let total = start.elapsed();
+        table.row(
+            &format!("catch-up {CATCHUP_REVISIONS} revisions"),
+            subject,
+            format!("{:.2}s", total.as_secs_f64()),
+            format!(
+                "origin wrote them in {:.2}s; ratio {:.2}{}",
+                wrote.as_secs_f64(),
+                total.as_secs_f64() / wrote.as_secs_f64(),
+                if caught.is_some() { "" } else { " (did not finish)" }
+            ),
+        );
+        if let Some(h) = handle {
+            h.shutdown().await;
+        }
+    }
+    Ok(())
+}
+
+async fn bench_steady(table: &mut Table) -> anyhow::Result<()> {
+    println!("steady state: {STEADY_RATE} writes/s for {STEADY_SECONDS}s");
+    let dir = tempfile_dir()?;
+    for subject in ["this mirror", "etcdctl make-mirror"] {
+        let (origin, peer) = tokio::try_join!(EtcdServer::start("st-a"), EtcdServer::start("st-b"))?;
+        let oc = Client::connect([origin.endpoint()], None).await?;
+        let mut pc = Client::connect([peer.endpoint()], None).await?;
+        let handle = if subject == "this mirror" {
+            let h = spawn_worker(bench_config("b"), &origin, EtcdTarget::plain([peer.endpoint()]));
+            wait_synced(&h, Duration::from_secs(60)).await?;
+            Some(h)
+        } else {
+            None
+        };
+        let _mm =
+            if handle.is_none() { Some(make_mirror(&origin, &peer, &dir.path().join("mm-steady.log"))?) } else { None };
+        tokio::time::sleep(Duration::from_secs(1)).await;
+
+        let acked: Arc<Mutex<HashMap<Vec<u8>, Instant>>> = Arc::default();
+        let seen: Arc<Mutex<HashMap<Vec<u8>, Instant>>> = Arc::default();
+        let mut watch = pc.watch(keys::region_prefix("a"), Some(WatchOptions::new().with_prefix())).await?;
+        let watcher = {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                while let Ok(Some(resp)) = watch.message().await {
+                    let now = Instant::now();
+                    let mut seen = seen.lock().unwrap();
+                    for e in resp.events() {
+                        if let Some(kv) = e.kv() {
+                            seen.entry(kv.key().to_vec()).or_insert(now);
+                        }
+                    }
+                }
+            })
+        };
+        let total = (STEADY_RATE * STEADY_SECONDS) as usize;
+        let mut ticker = tokio::time::interval(Duration::from_micros(1_000_000 / STEADY_RATE));
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+        let mut inflight = futures::stream::FuturesUnordered::new();
+        for i in 0..total {
+            ticker.tick().await;
+            let (mut c, acked) = (oc.clone(), acked.clone());
+            inflight.push(async move {
+                let k = key("a", i);
+                c.put(k.clone(), value(i, "st"), Some(PutOptions::new())).await?;
+                acked.lock().unwrap().insert(k.into_bytes(), Instant::now());
+                Ok::<_, etcd_client::Error>(())
+            });
+            while let Some(Some(r)) = futures::FutureExt::now_or_never(inflight.next()) {
+                r?;
+            }
+        }
+        while let Some(r) = inflight.next().await {
+            r?;
+        }
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while seen.lock().unwrap().len() < total && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        watcher.abort();
+        let (acked, seen) = (acked.lock().unwrap().clone(), seen.lock().unwrap().clone());
+        let mut latencies: Vec<f64> = acked
+            .iter()
+            .filter_map(|(k, a)| seen.get(k).map(|s| s.saturating_duration_since(*a).as_secs_f64() * 1000.0))
+            .collect();
+        latencies.sort_by(|a, b| a.total_cmp(b));
+        let pct = |p: f64| {
+            latencies
+                .get(((latencies.len() as f64 * p) as usize).min(latencies.len().saturating_sub(1)))
+                .copied()
+                .unwrap_or(f64::NAN)
+        };
+        table.row(
+            &format!("steady {STEADY_RATE}/s for {STEADY_SECONDS}s"),
+            subject,
+            format!(
+                "p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+                pct(0.5),
+                pct(0.99),
+                latencies.last().copied().unwrap_or(f64::NAN)
+            ),
+            format!("{} of {total} keys seen on the peer", latencies.len()),
+        );
+        if let Some(h) = handle {
+            h.shutdown().await;
+        }
+    }
+    Ok(())
+}
+
+/// Sets up the least-privilege role on a peer and turns auth on; returns the mirror's target.
+async fn enable_auth(peer: &EtcdServer) -> anyhow::Result<EtcdTarget> {
+    let mut admin = Client::connect([peer.endpoint()], None).await?;
+    admin.user_add("root", "rootpw", None).await?;
+    admin.user_grant_role("root", "root").await?;
+    admin.role_add("mirror-a").await?;
+    for prefix in [keys::region_prefix("a"), keys::federation_prefix("a")] {
+        admin
+            .role_grant_permission("mirror-a", etcd_client::Permission::read_write(prefix.as_str()).with_prefix())
+            .await?;
+    }
+    admin.user_add("mirror-a", "pw", None).await?;
+    admin.user_grant_role("mirror-a", "mirror-a").await?;
+    admin.auth_enable().await?;
+    Ok(EtcdTarget {
+        endpoints: vec![peer.endpoint()],
+        options: Some(etcd_client::ConnectOptions::new().with_user("mirror-a", "pw")),
+    })
+}
+
+async fn bench_leases(table: &mut Table) -> anyhow::Result<()> {
+    println!("lease layouts: {MATRIX_KEYS} keys, one lease vs sharded, auth off/on, etcd 3.6 and 3.4");
+    for flavor in [EtcdFlavor::Default, EtcdFlavor::V3_4] {
+        for auth in [false, true] {
+            let origin = EtcdServer::start_with("lm-a", flavor, &[]).await?;
+            let oc = Client::connect([origin.endpoint()], None).await?;
+            fill(&oc, MATRIX_KEYS, "lm").await?;
+            let mut results = Vec::new();
+            for (layout, per_lease) in
+                [("no lease (raw)", 0u64), ("one lease", u64::MAX / 4), ("sharded, 1000 keys/lease", 1000)]
+            {
+                let peer = EtcdServer::start_with("lm-b", flavor, &[]).await?;
+                let target = if auth { enable_auth(&peer).await? } else { EtcdTarget::plain([peer.endpoint()]) };
+                let start = Instant::now();
+                if per_lease == 0 {
+                    let pc = target.connect().await?;
+                    raw_copy_client(&oc, &pc).await?;
+                } else {
+                    let mut cfg = bench_config("b");
+                    cfg.max_keys_per_lease = per_lease;
+                    let h = spawn_worker(cfg, &origin, target.clone());
+                    wait_synced(&h, Duration::from_secs(900)).await?;
+                    h.shutdown().await;
+                }
+                let d = start.elapsed();
+                results.push((layout, d));
+            }
+            let base = results[0].1.as_secs_f64();
+            for (layout, d) in results {
+                table.row(
+                    &format!(
+                        "sync {MATRIX_KEYS} keys, etcd {}, auth {}",
+                        if flavor == EtcdFlavor::V3_4 { "3.4" } else { "3.6" },
+                        if auth { "on" } else { "off" }
+                    ),
+                    layout,
+                    format!("{:.0} keys/s", rate(MATRIX_KEYS, d)),
+                    format!("{:.2}s, {:.2}x the no-lease time", d.as_secs_f64(), d.as_secs_f64() / base),
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Pages the origin and writes each page into the peer in Txns of 126 puts, 4 in flight.
+async fn raw_copy_client(origin: &Client, peer: &Client) -> anyhow::Result<()> {
+    let prefix = keys::region_prefix("a");
+    let end = keys::prefix_range_end(prefix.as_bytes());
+    let mut cursor = prefix.clone().into_bytes();
+    let mut oc = origin.clone();
+    loop {
+        let mut resp = oc.get(cursor.clone(), Some(GetOptions::new().with_range(end.clone()).with_limit(1000))).await?;
+        let more = resp.more();
+        let kvs = resp.take_kvs();
+        if let Some(last) = kvs.last() {
+            cursor = last.key().to_vec();
+            cursor.push(0);
+        }
+        let batches: Vec<Vec<TxnOp>> =
+            kvs.chunks(126).map(|c| c.iter().map(|kv| TxnOp::put(kv.key(), kv.value(), None)).collect()).collect();
+        futures::stream::iter(batches)
+            .map(|ops| {
+                let mut pc = peer.clone();
+                async move { pc.txn(Txn::new().and_then(ops)).await }
+            })
+            .buffer_unordered(4)
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()?;
+        if !more {
+            return Ok(());
+        }
+    }
+}
+
+async fn bench_drain(table: &mut Table) -> anyhow::Result<()> {
+    const N: usize = 100_000;
+    println!("drain of {N} legacy keys");
+    let etcd = EtcdServer::start("drain-bench").await?;
+    let c = Client::connect([etcd.endpoint()], None).await?;
+    let chunks: Vec<Vec<usize>> = (0..N).collect::<Vec<_>>().chunks(120).map(|c| c.to_vec()).collect();
+    futures::stream::iter(chunks)
+        .map(|chunk| {
+            let mut c = c.clone();
+            async move {
+                let ops: Vec<TxnOp> = chunk
+                    .iter()
+                    .map(|i| {
+                        let k = format!(
+                            "/aether/services/svc-{}/protocols/http/endpoints/10.{}.{}.{}",
+                            i % 97,
+                            (i >> 16) & 255,
+                            (i >> 8) & 255,
+                            i & 255
+                        );
+                        TxnOp::put(k, value(*i, "legacy"), None)
+                    })
+                    .collect();
+                c.txn(Txn::new().and_then(ops)).await
+            }
+        })
+        .buffer_unordered(8)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut settings = aether_operator::drain::DrainSettings::new("dflt", "dflt");
+    settings.quiet_period = Duration::ZERO;
+    let (tx, _rx) = tokio::sync::watch::channel(Default::default());
+    let start = Instant::now();
+    let report = aether_operator::drain::drain(&c, &settings, &tx, &tokio_util::sync::CancellationToken::new()).await?;
+    let d = start.elapsed();
+    anyhow::ensure!(report.copied == N as i64 && report.deleted == N as i64, "drain incomplete: {report:?}");
+    table.row(
+        &format!("drain {N} legacy keys"),
+        "copy + delete",
+        format!("{:.0} keys/s", rate(N, d)),
+        format!("{:.2}s end to end (copy pass, quiet period 0, delete pass)", d.as_secs_f64()),
+    );
+    Ok(())
+}
+
+fn tempfile_dir() -> anyhow::Result<tempfile::TempDir> {
+    Ok(tempfile::Builder::new().prefix("aether-bench-").tempdir()?)
+}

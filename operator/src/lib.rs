@@ -11,6 +11,7 @@ pub mod controllers;
 pub mod drain;
 pub mod http;
 pub mod keys;
+pub mod manifests;
 pub mod metrics;
 pub mod mirror;
 pub mod preflight;

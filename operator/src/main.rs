@@ -21,11 +21,10 @@ enum Command {
     Run(RunArgs),
     /// Run the v0 -> v1 drain once against an etcd, without the CRD, and print its report.
     Drain(DrainArgs),
-    /// Write the CRD YAML files into a directory (what `make crds` runs).
-    Crds {
-        /// Directories to write to (repeatable).
-        #[arg(long, default_value = "crds")]
-        out: Vec<PathBuf>,
+    /// Write every generated manifest (CRDs, RBAC) under a repository root (`make manifests`).
+    Manifests {
+        #[arg(long, default_value = ".")]
+        root: PathBuf,
     },
 }
 
@@ -118,13 +117,14 @@ fn init_tracing(format: LogFormat) {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
-        Command::Crds { out } => {
-            for dir in out {
-                std::fs::create_dir_all(&dir)?;
-                for (name, yaml) in aether_operator::api::crd_files() {
-                    std::fs::write(dir.join(&name), yaml)?;
-                    println!("wrote {}", dir.join(&name).display());
+        Command::Manifests { root } => {
+            for (path, contents) in aether_operator::manifests::generated_files() {
+                let path = root.join(path);
+                if let Some(dir) = path.parent() {
+                    std::fs::create_dir_all(dir)?;
                 }
+                std::fs::write(&path, contents)?;
+                println!("wrote {}", path.display());
             }
             Ok(())
         }
