@@ -5,8 +5,7 @@ use aether_harness::{ManagedProcess, Region, free_port, tool_path, wait_until};
 use aether_operator::api::RegionPeering;
 use aether_operator::keys;
 use etcd_client::{Client, GetOptions, Txn, TxnOp};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -53,30 +52,8 @@ impl Federation {
         let regions = futures::future::try_join_all(names.iter().map(|n| Region::start(n))).await?;
         for region in &regions {
             let client = region.apiserver.client().await?;
-            let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-            for crd in aether_operator::api::all_crds() {
-                crds.create(&PostParams::default(), &crd).await?;
-            }
-            let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
-            let ns = serde_json::from_value(serde_json::json!({"metadata": {"name": NAMESPACE}}))?;
-            namespaces.create(&PostParams::default(), &ns).await?;
-            for crd in aether_operator::api::all_crds() {
-                let name = crd.metadata.name.clone().unwrap_or_default();
-                let crds = crds.clone();
-                wait_until(&format!("{name} established"), Duration::from_secs(30), || {
-                    let (crds, name) = (crds.clone(), name.clone());
-                    async move {
-                        let crd = crds.get(&name).await?;
-                        Ok(crd
-                            .status
-                            .and_then(|s| s.conditions)
-                            .unwrap_or_default()
-                            .iter()
-                            .any(|c| c.type_ == "Established" && c.status == "True"))
-                    }
-                })
-                .await?;
-            }
+            aether_harness::install_crds(&client, aether_operator::api::all_crds()).await?;
+            aether_harness::ensure_namespace(&client, NAMESPACE).await?;
         }
         Ok(Federation {
             regions,
@@ -117,15 +94,20 @@ impl Federation {
         serde_yaml::to_string(&object).expect("serializable")
     }
 
-    /// `kubectl apply -f -` of every region's RegionPeering, in its own region.
+    /// `kubectl apply -f` of every region's RegionPeering, in its own region.
     pub fn apply_peerings(&self) -> anyhow::Result<()> {
         for region in &self.regions {
-            let yaml = self.peering_yaml(&region.name);
-            let path = self.dir.path().join(format!("{}-peering.yaml", region.name));
-            std::fs::write(&path, yaml)?;
-            let out = region.apiserver.kubectl()?.arg("apply").arg("-f").arg(&path).output()?;
-            anyhow::ensure!(out.status.success(), "kubectl apply: {}", String::from_utf8_lossy(&out.stderr));
+            self.apply_peering(&region.name)?;
         }
+        Ok(())
+    }
+
+    /// `kubectl apply -f` of one region's RegionPeering.
+    pub fn apply_peering(&self, region: &str) -> anyhow::Result<()> {
+        let path = self.dir.path().join(format!("{region}-peering.yaml"));
+        std::fs::write(&path, self.peering_yaml(region))?;
+        let out = self.region(region).apiserver.kubectl()?.arg("apply").arg("-f").arg(&path).output()?;
+        anyhow::ensure!(out.status.success(), "kubectl apply: {}", String::from_utf8_lossy(&out.stderr));
         Ok(())
     }
 

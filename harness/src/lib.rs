@@ -4,6 +4,7 @@
 
 mod apiserver;
 mod etcd;
+mod kube_setup;
 mod pki;
 mod process;
 mod region;
@@ -11,6 +12,7 @@ mod tools;
 
 pub use apiserver::{KubeApiserver, client_from_kubeconfig};
 pub use etcd::{EtcdFlavor, EtcdServer};
+pub use kube_setup::{ensure_namespace, install_crds};
 pub use process::{Managed as ManagedProcess, free_port, wait_until};
 pub use region::Region;
 pub use tools::{tool_path, tools_bin_dir};

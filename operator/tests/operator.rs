@@ -62,6 +62,16 @@ async fn mirrored(etcd: &EtcdServer, origin: &str) -> i64 {
     c.get(keys::region_prefix(origin), Some(GetOptions::new().with_prefix().with_count_only())).await.unwrap().count()
 }
 
+/// CRDs, namespaces and config/rbac on a fresh apiserver; an admin client.
+async fn prepare(apiserver: &KubeApiserver) -> kube::Client {
+    let client = apiserver.client().await.unwrap();
+    install_crds(&client).await.unwrap();
+    ensure_namespace(&client, "aether-system").await.unwrap();
+    ensure_namespace(&client, NS).await.unwrap();
+    kubectl(apiserver, &["apply", "-k", repo("config/rbac").to_str().unwrap()]);
+    client
+}
+
 fn condition(rp: &RegionPeering, type_: &str) -> Option<(String, String, String)> {
     rp.status
         .as_ref()?
@@ -123,11 +133,7 @@ async fn the_operator_runs_as_its_service_account_and_follows_the_spec() {
     )
     .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let client = apiserver.client().await.unwrap();
-    install_crds(&client).await.unwrap();
-    ensure_namespace(&client, "aether-system").await.unwrap();
-    ensure_namespace(&client, NS).await.unwrap();
-    kubectl(&apiserver, &["apply", "-k", repo("config/rbac").to_str().unwrap()]);
+    let client = prepare(&apiserver).await;
     put_endpoints(&a, "a", 100).await;
     put_endpoints(&b, "b", 40).await;
 
@@ -269,11 +275,7 @@ async fn without_crds_the_operator_says_how_to_install_them() {
 async fn registry_schema_status_follows_the_drain() {
     let (apiserver, etcd) = tokio::try_join!(KubeApiserver::start("schema"), EtcdServer::start("schema-etcd")).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let client = apiserver.client().await.unwrap();
-    install_crds(&client).await.unwrap();
-    ensure_namespace(&client, "aether-system").await.unwrap();
-    ensure_namespace(&client, NS).await.unwrap();
-    kubectl(&apiserver, &["apply", "-k", repo("config/rbac").to_str().unwrap()]);
+    let client = prepare(&apiserver).await;
     let mut c = Client::connect([etcd.endpoint()], None).await.unwrap();
     for i in 0..300 {
         c.put(

@@ -146,22 +146,7 @@ async fn copy_pass(
         if cancel.is_cancelled() {
             return Ok(revision);
         }
-        let opts = GetOptions::new().with_range(end.clone()).with_revision(revision).with_limit(page);
-        let mut resp = rpc(settings.rpc_timeout, "range legacy page", kv.get(cursor.clone(), Some(opts))).await?;
-        let more = resp.more();
-        let kvs = resp.take_kvs();
-        if let Some(last) = kvs.last() {
-            cursor = last.key().to_vec();
-            cursor.push(0);
-        }
-        let legacy: Vec<Legacy> = kvs
-            .into_iter()
-            .map(|kv| Legacy {
-                key: String::from_utf8_lossy(kv.key()).to_string(),
-                value: kv.value().to_vec(),
-                mod_revision: kv.mod_revision(),
-            })
-            .collect();
+        let (legacy, more) = legacy_page(&mut kv, settings, &end, &mut cursor, revision, page).await?;
         for batch in legacy.chunks(settings.batch_size.max(1)) {
             while inflight.len() >= settings.parallelism.max(1) {
                 merge(report, inflight.next().await.expect("non-empty")?);
@@ -182,6 +167,36 @@ async fn copy_pass(
     }
     progress.send_replace(report.clone());
     Ok(revision)
+}
+
+/// One page of legacy keys at `revision` from `cursor` (which it advances); and whether more follow.
+async fn legacy_page(
+    kv: &mut etcd_client::KvClient,
+    settings: &DrainSettings,
+    end: &[u8],
+    cursor: &mut Vec<u8>,
+    revision: i64,
+    limit: i64,
+) -> anyhow::Result<(Vec<Legacy>, bool)> {
+    let opts = GetOptions::new().with_range(end.to_vec()).with_revision(revision).with_limit(limit);
+    let mut resp = rpc(settings.rpc_timeout, "range legacy page", kv.get(cursor.clone(), Some(opts))).await?;
+    let more = resp.more();
+    let kvs = resp.take_kvs();
+    if let Some(last) = kvs.last() {
+        *cursor = last.key().to_vec();
+        cursor.push(0);
+    }
+    Ok((kvs.iter().map(Legacy::from_kv).collect(), more))
+}
+
+impl Legacy {
+    fn from_kv(kv: &etcd_client::KeyValue) -> Self {
+        Legacy {
+            key: String::from_utf8_lossy(kv.key()).to_string(),
+            value: kv.value().to_vec(),
+            mod_revision: kv.mod_revision(),
+        }
+    }
 }
 
 /// Holds back so that at most `rate_limit_per_second` keys are handled per second.
@@ -233,11 +248,7 @@ async fn copy_batch(client: Client, settings: DrainSettings, mut batch: Vec<Lega
             .op_responses()
             .into_iter()
             .filter_map(|r| match r {
-                TxnOpResponse::Get(g) => g.kvs().first().map(|kv| Legacy {
-                    key: String::from_utf8_lossy(kv.key()).to_string(),
-                    value: kv.value().to_vec(),
-                    mod_revision: kv.mod_revision(),
-                }),
+                TxnOpResponse::Get(g) => g.kvs().first().map(Legacy::from_kv),
                 _ => None,
             })
             .collect();
@@ -364,7 +375,7 @@ async fn forward_until_quiet(
                     let Some(kv_) = event.kv() else { continue };
                     last_write = Instant::now();
                     match event.event_type() {
-                        EventType::Put => puts.push(Legacy { key: String::from_utf8_lossy(kv_.key()).to_string(), value: kv_.value().to_vec(), mod_revision: kv_.mod_revision() }),
+                        EventType::Put => puts.push(Legacy::from_kv(kv_)),
                         EventType::Delete => {
                             if let Some(prev) = event.prev_kv() {
                                 forward_delete(&mut kv, settings, prev).await?;
@@ -432,25 +443,8 @@ async fn delete_pass(
         if cancel.is_cancelled() {
             break;
         }
-        let opts = GetOptions::new()
-            .with_range(end.clone())
-            .with_revision(revision)
-            .with_limit(settings.batch_size.max(1) as i64);
-        let mut resp = rpc(settings.rpc_timeout, "range legacy page", kv.get(cursor.clone(), Some(opts))).await?;
-        let more = resp.more();
-        let kvs = resp.take_kvs();
-        if let Some(last) = kvs.last() {
-            cursor = last.key().to_vec();
-            cursor.push(0);
-        }
-        let batch: Vec<Legacy> = kvs
-            .into_iter()
-            .map(|kv| Legacy {
-                key: String::from_utf8_lossy(kv.key()).to_string(),
-                value: kv.value().to_vec(),
-                mod_revision: kv.mod_revision(),
-            })
-            .collect();
+        let (batch, more) =
+            legacy_page(&mut kv, settings, &end, &mut cursor, revision, settings.batch_size.max(1) as i64).await?;
         let targets: Vec<Option<String>> = batch
             .iter()
             .map(|l| {

@@ -582,8 +582,9 @@ impl Worker {
         let shards = state.leases.len();
         let limits = self.limits(shards);
         let mut pending: VecDeque<Revision> = VecDeque::new();
-        // Key-count changes per pending revision, applied to the counts once the revision is.
-        let mut pending_deltas: VecDeque<Vec<(usize, i64)>> = VecDeque::new();
+        // Per pending revision: its key-count changes (applied to the counts once the revision
+        // is) and when it arrived (the lag is the age of the oldest one).
+        let mut pending_meta: VecDeque<(Vec<(usize, i64)>, SystemTime)> = VecDeque::new();
         let mut pending_ops = 0usize;
         let mut split = 0usize;
         let mut progress_revision = 0i64;
@@ -612,7 +613,7 @@ impl Worker {
                         if let Some(rev) = pending.pop_front() {
                             pending_ops -= rev.ops.len();
                         }
-                        for (shard, delta) in pending_deltas.pop_front().unwrap_or_default() {
+                        for (shard, delta) in pending_meta.pop_front().map(|m| m.0).unwrap_or_default() {
                             state.keys[shard] = (state.keys[shard] + delta).max(0);
                         }
                     }
@@ -627,15 +628,13 @@ impl Worker {
                     state.checkpointed = state.applied;
                     last_checkpoint_write = Instant::now();
                     let (applied_rev, total) = (state.applied, state.keys.iter().sum::<i64>());
-                    let caught_up = pending.is_empty();
+                    let oldest_pending = pending_meta.front().map(|m| m.1);
                     self.shared.update(|h| {
                         h.last_applied_revision = applied_rev;
                         h.keys = total;
                         h.txns += 1;
                         h.ops += batch.ops.len() as u64;
-                        if caught_up {
-                            h.pending_since = None;
-                        }
+                        h.pending_since = oldest_pending;
                     });
                     if state.keys.iter().any(|n| *n as u64 > self.config.max_keys_per_lease) {
                         return Ok(WatchEnd::Resync(ResyncCause::Reshard));
@@ -660,6 +659,7 @@ impl Worker {
                         }
                     } else {
                         let mut newest = 0;
+                        let received = SystemTime::now();
                         for event in response.events() {
                             let Some(kv) = event.kv() else { continue };
                             let revision = kv.mod_revision();
@@ -676,19 +676,18 @@ impl Worker {
                             match pending.back_mut() {
                                 Some(last) if last.revision == revision => {
                                     last.ops.push(op);
-                                    pending_deltas.back_mut().expect("parallel to pending").push((shard, delta));
+                                    pending_meta.back_mut().expect("parallel to pending").0.push((shard, delta));
                                 }
                                 _ => {
                                     pending.push_back(Revision { revision, ops: vec![op] });
-                                    pending_deltas.push_back(vec![(shard, delta)]);
+                                    pending_meta.push_back((vec![(shard, delta)], received));
                                 }
                             }
                         }
+                        let oldest_pending = pending_meta.front().map(|m| m.1);
                         self.shared.update(|h| {
                             h.last_seen_revision = h.last_seen_revision.max(newest);
-                            if h.pending_since.is_none() {
-                                h.pending_since = Some(SystemTime::now());
-                            }
+                            h.pending_since = oldest_pending;
                         });
                     }
                 }

@@ -1,6 +1,5 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DynamicObject, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use std::time::Duration;
@@ -9,39 +8,10 @@ pub const DEADLINE: Duration = Duration::from_secs(30);
 
 /// Installs the generated CRDs and waits until each is Established.
 pub async fn install_crds(client: &kube::Client) -> anyhow::Result<()> {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for crd in aether_operator::api::all_crds() {
-        crds.create(&PostParams::default(), &crd).await?;
-    }
-    for crd in aether_operator::api::all_crds() {
-        let name = crd.metadata.name.clone().unwrap_or_default();
-        let crds = crds.clone();
-        aether_harness::wait_until(&format!("CRD {name} Established"), DEADLINE, || {
-            let (crds, name) = (crds.clone(), name.clone());
-            async move {
-                let crd = crds.get(&name).await?;
-                Ok(crd
-                    .status
-                    .and_then(|s| s.conditions)
-                    .unwrap_or_default()
-                    .iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True"))
-            }
-        })
-        .await?;
-    }
-    Ok(())
+    aether_harness::install_crds(client, aether_operator::api::all_crds()).await
 }
 
-/// Creates the namespace if it is missing.
-pub async fn ensure_namespace(client: &kube::Client, name: &str) -> anyhow::Result<()> {
-    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
-    if namespaces.get_opt(name).await?.is_none() {
-        let ns = serde_json::from_value(serde_json::json!({"metadata": {"name": name}}))?;
-        namespaces.create(&PostParams::default(), &ns).await?;
-    }
-    Ok(())
-}
+pub use aether_harness::ensure_namespace;
 
 /// An untyped API for one of our kinds, so tests can send objects the Rust types cannot express.
 pub fn dynamic_api(client: &kube::Client, kind: &str, namespace: &str) -> Api<DynamicObject> {
