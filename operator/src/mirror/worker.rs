@@ -435,11 +435,16 @@ impl Worker {
             state.leases = vec![0; shards];
             keeper_changed = true;
         }
-        for shard in 0..state.leases.len() {
-            if state.leases[shard] == 0 {
-                state.leases[shard] = self.grant(peer, shard).await?;
-                keeper_changed = true;
-            }
+        // Grant the missing leases together: one round trip, not one per shard.
+        let missing: Vec<usize> = (0..state.leases.len()).filter(|s| state.leases[*s] == 0).collect();
+        let granted = futures::future::try_join_all(missing.iter().map(|shard| {
+            let mut peer = peer.clone();
+            async move { self.grant(&mut peer, *shard).await }
+        }))
+        .await?;
+        for (shard, lease) in missing.into_iter().zip(granted) {
+            state.leases[shard] = lease;
+            keeper_changed = true;
         }
         if keeper_changed {
             self.restart_keeper(state, lost_tx);
