@@ -522,9 +522,12 @@ async fn bench_leases(table: &mut Table) -> anyhow::Result<()> {
             let oc = Client::connect([origin.endpoint()], None).await?;
             fill(&oc, MATRIX_KEYS, "lm").await?;
             let mut results = Vec::new();
-            for (layout, per_lease) in
-                [("no lease (raw)", 0u64), ("one lease", u64::MAX / 4), ("sharded, 1000 keys/lease", 1000)]
-            {
+            for (layout, per_lease) in [
+                ("no lease (raw)", 0u64),
+                ("one lease", u64::MAX / 4),
+                ("sharded, 1000 keys/lease", 1000),
+                ("sharded, 100 keys/lease", 100),
+            ] {
                 let peer = EtcdServer::start_with("lm-b", flavor, &[]).await?;
                 let target = if auth { enable_auth(&peer).await? } else { EtcdTarget::plain([peer.endpoint()]) };
                 let start = Instant::now();

@@ -292,7 +292,7 @@ async fn a_crashed_worker_and_a_stopped_one_both_let_the_mirror_lapse_with_the_t
     wait_synced(&handle).await;
     handle.abort();
     let lapsed = time_until_mirror_lapses(&peer).await;
-    assert!(lapsed <= ttl + interval + Duration::from_secs(2), "crash: lapsed after {lapsed:?}");
+    assert!(lapsed <= ttl + interval + Duration::from_secs(4), "crash: lapsed after {lapsed:?}");
 
     // A clean shutdown: no revoke, so nothing disappears before the TTL.
     let (handle, _e) = start(config("w2"), &pair);
@@ -300,7 +300,7 @@ async fn a_crashed_worker_and_a_stopped_one_both_let_the_mirror_lapse_with_the_t
     handle.shutdown().await;
     let lapsed = time_until_mirror_lapses(&peer).await;
     assert!(lapsed + interval >= ttl, "clean shutdown: keys vanished after {lapsed:?}, before the TTL of {ttl:?}");
-    assert!(lapsed <= ttl + interval + Duration::from_secs(2), "clean shutdown: lapsed after {lapsed:?}");
+    assert!(lapsed <= ttl + interval + Duration::from_secs(4), "clean shutdown: lapsed after {lapsed:?}");
 }
 
 #[tokio::test]

@@ -46,7 +46,7 @@ impl DrainSettings {
             rate_limit_per_second: 0,
             quiet_period: Duration::from_secs(300),
             dry_run: false,
-            parallelism: 4,
+            parallelism: 8,
             rpc_timeout: Duration::from_secs(10),
         }
     }
@@ -417,6 +417,71 @@ async fn forward_delete(
     Ok(())
 }
 
+/// What deleting one batch did.
+struct DeleteOutcome {
+    deleted: i64,
+    conflicts: i64,
+    /// Keys that still need a delete round (copied just now, or written meanwhile).
+    pending: usize,
+    copied: BatchOutcome,
+}
+
+/// Deletes the keys of one batch whose v1 key is newer (each with a compare on its mod revision),
+/// and copies the ones not copied yet.
+async fn delete_batch(client: Client, settings: DrainSettings, batch: Vec<Legacy>) -> anyhow::Result<DeleteOutcome> {
+    let mut kv = client.kv_client();
+    let mut outcome = DeleteOutcome { deleted: 0, conflicts: 0, pending: 0, copied: BatchOutcome::default() };
+    let targets: Vec<Option<String>> = batch
+        .iter()
+        .map(|l| {
+            v1_key_for(&l.key, &settings.legacy_prefix, &l.value, &settings.default_region, &settings.default_cluster)
+                .ok()
+                .map(|k| k.to_string())
+        })
+        .collect();
+    let v1_keys: Vec<String> = targets.iter().flatten().cloned().collect();
+    let states = read_states(&mut kv, &settings, &v1_keys).await?;
+    let mut deletes: Vec<(&str, i64)> = Vec::new();
+    let mut to_copy: Vec<Legacy> = Vec::new();
+    for (legacy, target) in batch.iter().zip(&targets) {
+        // Malformed keys stay forever; keys not copied yet are copied now and deleted in the
+        // next round.
+        let Some(target) = target else { continue };
+        match states.get(target) {
+            Some(s) if s.mod_revision > legacy.mod_revision => deletes.push((&legacy.key, legacy.mod_revision)),
+            _ => to_copy.push(legacy.clone()),
+        }
+    }
+    if !deletes.is_empty() {
+        let ops: Vec<TxnOp> = deletes
+            .iter()
+            .map(|(key, mod_revision)| {
+                let guarded = Txn::new()
+                    .when([Compare::mod_revision(*key, CompareOp::Equal, *mod_revision)])
+                    .and_then([TxnOp::delete(*key, None)]);
+                TxnOp::txn(guarded)
+            })
+            .collect();
+        let resp = rpc(settings.rpc_timeout, "delete legacy batch", kv.txn(Txn::new().and_then(ops))).await?;
+        for r in resp.op_responses() {
+            if let TxnOpResponse::Txn(nested) = r {
+                if nested.succeeded() {
+                    outcome.deleted += 1;
+                } else {
+                    // Written meanwhile: never lost; the watch from the next revision forwards it.
+                    outcome.conflicts += 1;
+                    outcome.pending += 1;
+                }
+            }
+        }
+    }
+    if !to_copy.is_empty() {
+        outcome.pending += to_copy.len();
+        outcome.copied = copy_batch(client.clone(), settings.clone(), to_copy).await?;
+    }
+    Ok(outcome)
+}
+
 /// Deletes every legacy key whose v1 key holds it (or something newer), each with a compare on
 /// its mod revision. Returns how many legacy keys still need copying, and the revision to watch
 /// from for them.
@@ -439,70 +504,34 @@ async fn delete_pass(
     let revision = head.header().map(|h| h.revision()).unwrap_or(0);
     let mut cursor = prefix.clone();
     let mut pending = 0usize;
+    let mut inflight = FuturesUnordered::new();
+    let parallelism = settings.parallelism.max(1);
+    let page = (settings.batch_size.max(1) * parallelism * 2) as i64;
+    let mut settle = |report: &mut DrainReport, outcome: DeleteOutcome| {
+        report.deleted += outcome.deleted;
+        report.conflicts += outcome.conflicts;
+        pending += outcome.pending;
+        merge(report, outcome.copied);
+    };
     loop {
         if cancel.is_cancelled() {
             break;
         }
-        let (batch, more) =
-            legacy_page(&mut kv, settings, &end, &mut cursor, revision, settings.batch_size.max(1) as i64).await?;
-        let targets: Vec<Option<String>> = batch
-            .iter()
-            .map(|l| {
-                v1_key_for(
-                    &l.key,
-                    &settings.legacy_prefix,
-                    &l.value,
-                    &settings.default_region,
-                    &settings.default_cluster,
-                )
-                .ok()
-                .map(|k| k.to_string())
-            })
-            .collect();
-        let v1_keys: Vec<String> = targets.iter().flatten().cloned().collect();
-        let states = read_states(&mut kv, settings, &v1_keys).await?;
-        let mut deletes: Vec<(&str, i64)> = Vec::new();
-        let mut to_copy: Vec<Legacy> = Vec::new();
-        for (legacy, target) in batch.iter().zip(&targets) {
-            // Malformed keys stay forever; keys not copied yet are copied now and deleted in
-            // the next round.
-            let Some(target) = target else { continue };
-            match states.get(target) {
-                Some(s) if s.mod_revision > legacy.mod_revision => deletes.push((&legacy.key, legacy.mod_revision)),
-                _ => to_copy.push(legacy.clone()),
+        let (legacy, more) = legacy_page(&mut kv, settings, &end, &mut cursor, revision, page).await?;
+        for batch in legacy.chunks(settings.batch_size.max(1)) {
+            while inflight.len() >= parallelism {
+                settle(report, inflight.next().await.expect("non-empty")?);
             }
-        }
-        if !deletes.is_empty() {
-            let ops: Vec<TxnOp> = deletes
-                .iter()
-                .map(|(key, mod_revision)| {
-                    let guarded = Txn::new()
-                        .when([Compare::mod_revision(*key, CompareOp::Equal, *mod_revision)])
-                        .and_then([TxnOp::delete(*key, None)]);
-                    TxnOp::txn(guarded)
-                })
-                .collect();
-            let resp = rpc(settings.rpc_timeout, "delete legacy batch", kv.txn(Txn::new().and_then(ops))).await?;
-            for r in resp.op_responses() {
-                if let TxnOpResponse::Txn(nested) = r {
-                    if nested.succeeded() {
-                        report.deleted += 1;
-                    } else {
-                        // Written meanwhile: never lost; the watch from the next revision forwards it.
-                        report.conflicts += 1;
-                        pending += 1;
-                    }
-                }
-            }
-        }
-        if !to_copy.is_empty() {
-            pending += to_copy.len();
-            merge(report, copy_batch(client.clone(), settings.clone(), to_copy).await?);
+            inflight.push(delete_batch(client.clone(), settings.clone(), batch.to_vec()));
         }
         progress.send_replace(report.clone());
         if !more {
             break;
         }
     }
+    while let Some(outcome) = inflight.next().await {
+        settle(report, outcome?);
+    }
+    progress.send_replace(report.clone());
     Ok((pending, revision + 1))
 }
