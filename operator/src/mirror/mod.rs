@@ -93,7 +93,7 @@ impl MirrorConfig {
             owner_id: owner_id.to_string(),
             lease_ttl_seconds: 30,
             keepalive_interval: Duration::from_secs(10),
-            max_keys_per_lease: 10_000,
+            max_keys_per_lease: 1_000,
             page_size: 1000,
             max_txn_ops: 128,
             max_txn_bytes: 1 << 20,
