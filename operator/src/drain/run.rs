@@ -130,16 +130,7 @@ async fn copy_pass(
     started: Instant,
 ) -> anyhow::Result<i64> {
     let mut kv = client.kv_client();
-    let prefix = settings.legacy_prefix.as_bytes().to_vec();
-    let end = prefix_range_end(&prefix);
-    let head = rpc(
-        settings.rpc_timeout,
-        "count legacy keys",
-        kv.get(prefix.clone(), Some(GetOptions::new().with_range(end.clone()).with_count_only())),
-    )
-    .await?;
-    let revision = head.header().map(|h| h.revision()).ok_or_else(|| anyhow!("range response without header"))?;
-    let mut cursor = prefix.clone();
+    let (mut cursor, end, revision) = legacy_snapshot(&mut kv, settings).await?;
     let mut inflight = FuturesUnordered::new();
     let page = (settings.batch_size * settings.parallelism.max(1) * 2) as i64;
     loop {
@@ -167,6 +158,23 @@ async fn copy_pass(
     }
     progress.send_replace(report.clone());
     Ok(revision)
+}
+
+/// Where a pass over the legacy prefix starts: (first key, range end, the revision to pin).
+async fn legacy_snapshot(
+    kv: &mut etcd_client::KvClient,
+    settings: &DrainSettings,
+) -> anyhow::Result<(Vec<u8>, Vec<u8>, i64)> {
+    let prefix = settings.legacy_prefix.as_bytes().to_vec();
+    let end = prefix_range_end(&prefix);
+    let head = rpc(
+        settings.rpc_timeout,
+        "count legacy keys",
+        kv.get(prefix.clone(), Some(GetOptions::new().with_range(end.clone()).with_count_only())),
+    )
+    .await?;
+    let revision = head.header().map(|h| h.revision()).ok_or_else(|| anyhow!("range response without header"))?;
+    Ok((prefix, end, revision))
 }
 
 /// One page of legacy keys at `revision` from `cursor` (which it advances); and whether more follow.
@@ -493,16 +501,7 @@ async fn delete_pass(
     cancel: &CancellationToken,
 ) -> anyhow::Result<(usize, i64)> {
     let mut kv = client.kv_client();
-    let prefix = settings.legacy_prefix.as_bytes().to_vec();
-    let end = prefix_range_end(&prefix);
-    let head = rpc(
-        settings.rpc_timeout,
-        "count legacy keys",
-        kv.get(prefix.clone(), Some(GetOptions::new().with_range(end.clone()).with_count_only())),
-    )
-    .await?;
-    let revision = head.header().map(|h| h.revision()).unwrap_or(0);
-    let mut cursor = prefix.clone();
+    let (mut cursor, end, revision) = legacy_snapshot(&mut kv, settings).await?;
     let mut pending = 0usize;
     let mut inflight = FuturesUnordered::new();
     let parallelism = settings.parallelism.max(1);
