@@ -471,6 +471,12 @@ async fn randomized_writes_and_restarts_converge() {
     use rand::{Rng, SeedableRng};
     let seed: u64 = std::env::var("AETHER_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random);
     eprintln!("randomized mirror test: AETHER_SEED={seed}");
+    // The workers' logs go with the test's output, shown when it fails.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("aether_operator=debug")
+        .with_test_writer()
+        .with_ansi(false)
+        .try_init();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut pair = pair().await;
     let mut origin = client(&pair.origin).await;
@@ -533,7 +539,26 @@ async fn randomized_writes_and_restarts_converge() {
             }
         }
     }
-    converged(&pair).await;
+    // Under a loaded machine the last restarts can take a while to settle; say what differs if
+    // the mirror does not converge.
+    let (mut o, mut p) = (client(&pair.origin).await, client(&pair.peer).await);
+    let prefix = keys::region_prefix("a");
+    let settled = wait_until("peer == origin", Duration::from_secs(120), || {
+        let (mut o, mut p, prefix) = (o.clone(), p.clone(), prefix.clone());
+        async move { Ok(values(&mut o, &prefix).await == values(&mut p, &prefix).await) }
+    })
+    .await;
+    if settled.is_err() {
+        let (ov, pv) = (values(&mut o, &prefix).await, values(&mut p, &prefix).await);
+        let missing = ov.keys().filter(|k| !pv.contains_key(*k)).count();
+        let extra = pv.keys().filter(|k| !ov.contains_key(*k)).count();
+        let stale = ov.iter().filter(|(k, v)| pv.get(*k).is_some_and(|pv| pv != *v)).count();
+        panic!(
+            "seed {seed}: no convergence: {missing} missing, {extra} extra, {stale} stale; worker {:?}",
+            handle.health()
+        );
+    }
+
     let mut peer = client(&pair.peer).await;
     wait_until("keys on live leases", DEADLINE, || {
         let mut p = peer.clone();

@@ -16,6 +16,10 @@ pub struct Checkpoint {
     pub keys: Vec<i64>,
     /// Whether the peer held a complete snapshot at `revision`.
     pub synced: bool,
+    /// Leases of a previous layout that may still hold keys while a resync moves them; a
+    /// successor keeps them alive until its own sync is complete.
+    #[serde(default)]
+    pub retiring: Vec<i64>,
 }
 
 impl Checkpoint {
@@ -55,7 +59,14 @@ mod tests {
 
     #[test]
     fn roundtrips_and_tolerates_garbage() {
-        let c = Checkpoint { owner: "a/1".into(), revision: 42, leases: vec![7, 8], keys: vec![3, 4], synced: true };
+        let c = Checkpoint {
+            owner: "a/1".into(),
+            revision: 42,
+            leases: vec![7, 8],
+            keys: vec![3, 4],
+            synced: true,
+            retiring: vec![],
+        };
         assert_eq!(Checkpoint::decode(&c.encode()), Some(c.clone()));
         assert_eq!(c.total_keys(), 7);
         assert_eq!(Checkpoint::decode(b"not json"), None);

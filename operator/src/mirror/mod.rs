@@ -80,8 +80,6 @@ pub struct MirrorConfig {
     pub rpc_timeout: Duration,
     /// How often the worker asks for watch progress, so an idle subtree still advances.
     pub progress_interval: Duration,
-    /// How often an idle worker records its advanced revision in the checkpoint.
-    pub idle_checkpoint_interval: Duration,
 }
 
 impl MirrorConfig {
@@ -104,7 +102,6 @@ impl MirrorConfig {
             acceptable_pause: Duration::from_secs(10),
             rpc_timeout: Duration::from_secs(10),
             progress_interval: Duration::from_secs(2),
-            idle_checkpoint_interval: Duration::from_secs(60),
         }
     }
 }

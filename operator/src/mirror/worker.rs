@@ -251,7 +251,9 @@ impl Worker {
         }
 
         loop {
-            if let Some(cause) = state.resync_cause.take() {
+            // The cause stays until a sync completes: a sync cut short by an error is redone by
+            // the next session, never skipped for the watch.
+            if let Some(cause) = state.resync_cause {
                 if cause != ResyncCause::Initial {
                     self.shared.update(|h| h.resyncs += 1);
                 }
@@ -259,7 +261,10 @@ impl Worker {
                 info!(cause = cause.as_str(), "full sync");
                 match self.sync(&mut local, &mut peer, state, cause, lost_tx).await? {
                     Some(by) => return Ok(SessionEnd::Fenced(by)),
-                    None => backoff.reset(),
+                    None => {
+                        state.resync_cause = None;
+                        backoff.reset();
+                    }
                 }
             }
             match self.watch(&mut local, &mut peer, state, lost_rx, backoff).await? {
@@ -328,6 +333,13 @@ impl Worker {
         state.keys =
             if checkpoint.keys.len() == leases.len() { checkpoint.keys.clone() } else { vec![0; leases.len()] };
         state.leases = leases;
+        // Leases a predecessor was moving keys off: keep them alive until our sync has moved
+        // their keys.
+        for id in &checkpoint.retiring {
+            if self.lease_alive(peer, *id).await? {
+                state.retiring.push(*id);
+            }
+        }
         if all_alive && checkpoint.synced && checkpoint.revision > 0 {
             state.applied = checkpoint.revision;
             state.checkpointed = checkpoint.revision;
@@ -448,6 +460,15 @@ impl Worker {
         }
         if keeper_changed {
             self.restart_keeper(state, lost_tx);
+            // Record the new layout before any key moves to it, so that a successor taking over
+            // mid-sync keeps every lease that may hold keys alive, and syncs again.
+            let epoch = state.epoch.ok_or_else(|| anyhow!("sync without ownership"))?;
+            let checkpoint = self.checkpoint(state, state.checkpointed, false);
+            let bookkeeping = vec![TxnOp::put(keys::checkpoint_key(&self.config.origin), checkpoint.encode(), None)];
+            if let Applied::Fenced(by) = self.apply(peer.clone(), epoch, Vec::new(), &state.leases, bookkeeping).await?
+            {
+                return Ok(Some(by));
+            }
         }
 
         let shards = state.leases.len();
@@ -596,7 +617,6 @@ impl Worker {
         let mut inflight: Option<BatchFuture> = None;
         let mut ticker = tokio::time::interval(self.config.progress_interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut last_checkpoint_write = Instant::now();
 
         loop {
             tokio::select! {
@@ -604,7 +624,8 @@ impl Worker {
                 Some(lost) = lost_rx.recv() => {
                     if let Some(shard) = state.leases.iter().position(|id| *id == lost) {
                         warn!(lease = lost, shard, "lease lost; its keys are gone from the peer");
-                        state.leases[shard] = self.grant(peer, shard).await?;
+                        // The sync grants its replacement and records it before moving keys.
+                        state.leases[shard] = 0;
                         return Ok(WatchEnd::Resync(ResyncCause::LeaseLost));
                     }
                 }
@@ -631,11 +652,10 @@ impl Worker {
                     split = batch.split_ops_consumed;
                     state.applied = state.applied.max(batch.applied_through);
                     state.checkpointed = state.applied;
-                    last_checkpoint_write = Instant::now();
                     let (applied_rev, total) = (state.applied, state.keys.iter().sum::<i64>());
                     let oldest_pending = pending_meta.front().map(|m| m.1);
                     self.shared.update(|h| {
-                        h.last_applied_revision = applied_rev;
+                        h.last_applied_revision = h.last_applied_revision.max(applied_rev);
                         h.keys = total;
                         h.txns += 1;
                         h.ops += batch.ops.len() as u64;
@@ -697,34 +717,22 @@ impl Worker {
                     }
                 }
                 _ = ticker.tick() => {
-                    if let Err(e) = stream.request_progress().await {
-                        anyhow::bail!("requesting watch progress: {e}");
-                    }
+                    // Bounded, so that a stalled watch stream cannot stall the loop.
+                    self.rpc("request watch progress", stream.request_progress()).await?;
                 }
             }
 
-            // Idle and told that nothing is missing up to a revision: the watermark advances.
+            // Idle and told that nothing is missing up to a revision: the reported watermark
+            // advances, so an idle subtree does not look stale. It is never checkpointed nor
+            // resumed from: etcd before 3.4.24 and 3.5.8 can send a progress notification ahead
+            // of events still on their way (etcd issue 15220), and a successor would skip them.
             if inflight.is_none() && pending.is_empty() && progress_revision > state.applied {
-                state.applied = progress_revision;
-                let applied = state.applied;
+                let watermark = progress_revision;
                 self.shared.update(|h| {
-                    h.last_applied_revision = applied;
-                    h.last_seen_revision = h.last_seen_revision.max(applied);
+                    h.last_applied_revision = h.last_applied_revision.max(watermark);
+                    h.last_seen_revision = h.last_seen_revision.max(watermark);
                     h.pending_since = None;
                 });
-                // Now and then record it, so that a successor does not resume from a revision
-                // the origin has compacted meanwhile.
-                if last_checkpoint_write.elapsed() >= self.config.idle_checkpoint_interval
-                    && applied > state.checkpointed
-                {
-                    let batch = WatchBatch {
-                        ops: Vec::new(),
-                        applied_through: applied,
-                        revisions_consumed: 0,
-                        split_ops_consumed: 0,
-                    };
-                    inflight = Some(self.apply_watch_batch(peer.clone(), epoch, batch, state));
-                }
             }
             if inflight.is_none()
                 && let Some(batch) = next_watch_batch(&pending, split, state.applied, limits)
@@ -752,6 +760,7 @@ impl Worker {
             leases: state.leases.clone(),
             keys: state.keys.clone(),
             synced,
+            retiring: state.retiring.clone(),
         }
     }
 
