@@ -9,6 +9,15 @@ use std::time::Duration;
 
 const WAIT: Duration = Duration::from_secs(90);
 
+/// Waits until `region` holds `n` keys of `origin`.
+async fn wait_keys(fed: &Federation, region: &str, origin: &str, n: i64, what: &str) {
+    wait_until(&format!("{what}: {n} keys of {origin} in {region}"), WAIT, || async move {
+        Ok(fed.keys_of(region, origin).await? == n)
+    })
+    .await
+    .unwrap();
+}
+
 async fn scenario(names: &[&str]) {
     let mut fed = Federation::start(names).await.expect("regions start");
     fed.apply_peerings().unwrap();
@@ -40,22 +49,12 @@ async fn scenario(names: &[&str]) {
     a.put(endpoint_key("a", 9999), endpoint_value("a", 9999), None).await.unwrap();
     for r in &names[1..] {
         let r = *r;
-        wait_until("put mirrored", WAIT, || {
-            let fed = &fed;
-            async move { Ok(fed.keys_of(r, "a").await? == 201) }
-        })
-        .await
-        .unwrap();
+        wait_keys(&fed, r, "a", 201, "put mirrored").await;
     }
     a.delete(endpoint_key("a", 9999), None).await.unwrap();
     for r in &names[1..] {
         let r = *r;
-        wait_until("delete mirrored", WAIT, || {
-            let fed = &fed;
-            async move { Ok(fed.keys_of(r, "a").await? == 200) }
-        })
-        .await
-        .unwrap();
+        wait_keys(&fed, r, "a", 200, "delete mirrored").await;
     }
 
     // 3. Leader handoff in a: kill the leader; no mirrored key of a disappears in b.
@@ -97,12 +96,7 @@ async fn scenario(names: &[&str]) {
     fed.region_mut("a").registry.kill();
     for r in &names[1..] {
         let r = *r;
-        wait_until("a's mirror expires", WAIT, || {
-            let fed = &fed;
-            async move { Ok(fed.keys_of(r, "a").await? == 0) }
-        })
-        .await
-        .unwrap();
+        wait_keys(&fed, r, "a", 0, "a's mirror expires").await;
         fed.wait_condition(r, "PeersReachable", "False", WAIT).await.unwrap();
         let status = fed.peering(r).await.unwrap().status.unwrap();
         let a_peer = status.peers.iter().find(|p| p.region == "a").unwrap();
@@ -120,12 +114,7 @@ async fn scenario(names: &[&str]) {
     fed.wait_condition("a", "Ready", "True", WAIT).await.unwrap();
     for r in &names[1..] {
         let r = *r;
-        wait_until("a's mirror back", WAIT, || {
-            let fed = &fed;
-            async move { Ok(fed.keys_of(r, "a").await? == 200) }
-        })
-        .await
-        .unwrap();
+        wait_keys(&fed, r, "a", 200, "a's mirror back").await;
         fed.wait_condition(r, "PeersReachable", "True", WAIT).await.unwrap();
         fed.wait_condition(r, "Ready", "True", WAIT).await.unwrap();
     }

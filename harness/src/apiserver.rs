@@ -22,6 +22,21 @@ impl KubeApiserver {
     /// Starts the apiserver and its etcd, and waits until /readyz passes and the default
     /// namespace exists.
     pub async fn start(name: &str) -> anyhow::Result<Self> {
+        // A port that was free a moment ago may be taken by the time the server binds it: retry.
+        let mut attempt = 0;
+        loop {
+            match Self::start_once(name).await {
+                Ok(server) => return Ok(server),
+                Err(e) if attempt < 2 => {
+                    eprintln!("kube-apiserver {name} did not start ({e}); retrying on other ports");
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn start_once(name: &str) -> anyhow::Result<Self> {
         let etcd = EtcdServer::start_with(&format!("{name}-apiserver"), EtcdFlavor::Default, &[]).await?;
         let dir = tempfile::Builder::new().prefix(&format!("aether-apiserver-{name}-")).tempdir()?;
         let pki = Pki::new(dir.path())?;

@@ -56,8 +56,23 @@ impl EtcdServer {
             extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
             process: None,
         };
-        server.launch().await?;
-        Ok(server)
+        // A port that was free a moment ago may be taken by the time etcd binds it: retry with
+        // fresh ports.
+        let mut attempt = 0;
+        loop {
+            match server.launch().await {
+                Ok(()) => return Ok(server),
+                Err(e) if attempt < 2 => {
+                    eprintln!("etcd {name} did not start ({e}); retrying on other ports");
+                    attempt += 1;
+                    server.kill();
+                    server.client_port = free_port();
+                    server.peer_port = free_port();
+                    let _ = std::fs::remove_dir_all(server.dir.path().join("data"));
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     async fn launch(&mut self) -> anyhow::Result<()> {
