@@ -27,18 +27,18 @@ demo: tools
 	target/debug/aether-demo
 
 ## test: formatting, lints, unit and integration tests against real etcd and kube-apiserver, the e2e
-test: lint
+test: tools lint
 	$(CARGO) test --workspace --exclude aether-e2e --no-fail-fast
 	$(MAKE) test-etcd34
 	$(MAKE) e2e
 
 ## e2e: the multi-region scenario (2 then 3 regions) on local real parts
-e2e:
+e2e: tools
 	$(CARGO) build -q -p aether-operator
 	$(CARGO) test -p aether-e2e --test e2e -- --test-threads=1
 
 ## lint-chart: helm lint, kubeconform -strict, server-side dry run of the chart and config/default
-lint-chart:
+lint-chart: tools
 	$(CARGO) test -p aether-operator --test chart
 
 ## e2e-kind: the e2e scenario on two kind clusters (needs Docker and kind)
@@ -51,7 +51,7 @@ bench: tools
 	target/release/aether-bench
 
 ## test-etcd34: the mirror's suite again, on Debian's etcd 3.4
-test-etcd34:
+test-etcd34: tools
 	AETHER_ETCD=3.4 $(CARGO) test -p aether-operator --test mirror --no-fail-fast
 
 lint:

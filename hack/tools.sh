@@ -84,6 +84,7 @@ ln -sf /usr/bin/etcdctl "$bin_dir/etcdctl-3.4"
 
 build_from_module etcd "$ETCD_VERSION" "$here/tools/etcd" go.etcd.io/etcd/server/v3 etcd
 build_from_module etcdctl "$ETCD_VERSION" "$here/tools/etcd" go.etcd.io/etcd/etcdctl/v3 etcdctl
+build_from_module etcdutl "$ETCD_VERSION" "$here/tools/etcd" go.etcd.io/etcd/etcdutl/v3 etcdutl
 build_from_module kube-apiserver "$KUBE_VERSION" "$here/tools/kube" k8s.io/kubernetes/cmd/kube-apiserver kube-apiserver
 build_from_module kubectl "$KUBE_VERSION" "$here/tools/kube" k8s.io/kubernetes/cmd/kubectl kubectl
 go_install helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm

@@ -508,10 +508,7 @@ async fn enable_auth(peer: &EtcdServer) -> anyhow::Result<EtcdTarget> {
     admin.user_add("mirror-a", "pw", None).await?;
     admin.user_grant_role("mirror-a", "mirror-a").await?;
     admin.auth_enable().await?;
-    Ok(EtcdTarget {
-        endpoints: vec![peer.endpoint()],
-        options: Some(etcd_client::ConnectOptions::new().with_user("mirror-a", "pw")),
-    })
+    Ok(EtcdTarget::plain([peer.endpoint()]).with_user("mirror-a", "pw"))
 }
 
 async fn bench_leases(table: &mut Table) -> anyhow::Result<()> {

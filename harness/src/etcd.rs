@@ -1,9 +1,12 @@
-//! A single-member etcd cluster on loopback.
+//! etcd servers on loopback: a single member, or a member of an N-member cluster
+//! ([`crate::EtcdCluster`]), in plaintext or with TLS and client-certificate authentication.
+use crate::pki::CertFiles;
 use crate::process::{Managed, free_port, wait_until};
 use crate::tools::tool_path;
 use std::io::{Read, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 
 /// Which etcd to run. The default is the etcd `make tools` builds (3.6); `V3_4` is Debian's, for
 /// the compatibility pass. `AETHER_ETCD=3.4` switches the default for a whole test run.
@@ -28,6 +31,30 @@ impl EtcdFlavor {
             EtcdFlavor::V3_4 => tool_path("etcd-3.4"),
         }
     }
+
+    fn etcdctl(self) -> anyhow::Result<PathBuf> {
+        match self {
+            EtcdFlavor::Default => tool_path("etcdctl"),
+            EtcdFlavor::V3_4 => tool_path("etcdctl-3.4"),
+        }
+    }
+}
+
+/// The serving side of TLS: the server certificate and the CA that client certificates must be
+/// signed by (`--client-cert-auth`).
+#[derive(Clone, Debug)]
+pub struct ServerTls {
+    pub ca_cert: PathBuf,
+    pub server: Arc<CertFiles>,
+    /// A client certificate for the `root` user, for the harness's own etcdctl calls.
+    pub root_client: Arc<CertFiles>,
+}
+
+/// Membership of a cluster: the whole initial cluster and its token.
+#[derive(Clone, Debug)]
+pub(crate) struct Membership {
+    pub initial_cluster: String,
+    pub token: String,
 }
 
 pub struct EtcdServer {
@@ -36,7 +63,10 @@ pub struct EtcdServer {
     dir: tempfile::TempDir,
     client_port: u16,
     peer_port: u16,
+    metrics_port: u16,
     extra_args: Vec<String>,
+    membership: Option<Membership>,
+    tls: Option<ServerTls>,
     process: Option<Managed>,
 }
 
@@ -47,15 +77,7 @@ impl EtcdServer {
     }
 
     pub async fn start_with(name: &str, flavor: EtcdFlavor, extra_args: &[&str]) -> anyhow::Result<Self> {
-        let mut server = EtcdServer {
-            name: name.to_string(),
-            flavor,
-            dir: tempfile::Builder::new().prefix(&format!("aether-etcd-{name}-")).tempdir()?,
-            client_port: free_port(),
-            peer_port: free_port(),
-            extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
-            process: None,
-        };
+        let mut server = Self::unstarted(name, flavor, extra_args, None)?;
         // A port that was free a moment ago may be taken by the time etcd binds it: retry with
         // fresh ports.
         let mut attempt = 0;
@@ -68,42 +90,116 @@ impl EtcdServer {
                     server.kill();
                     server.client_port = free_port();
                     server.peer_port = free_port();
-                    let _ = std::fs::remove_dir_all(server.dir.path().join("data"));
+                    server.metrics_port = free_port();
+                    let _ = std::fs::remove_dir_all(server.data_dir());
                 }
                 Err(e) => return Err(e),
             }
         }
     }
 
-    async fn launch(&mut self) -> anyhow::Result<()> {
-        let client = format!("http://127.0.0.1:{}", self.client_port);
-        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+    /// A server that is configured but not running yet (the cluster wires its members first).
+    pub(crate) fn unstarted(
+        name: &str,
+        flavor: EtcdFlavor,
+        extra_args: &[&str],
+        tls: Option<ServerTls>,
+    ) -> anyhow::Result<Self> {
+        Ok(EtcdServer {
+            name: name.to_string(),
+            flavor,
+            dir: tempfile::Builder::new().prefix(&format!("aether-etcd-{name}-")).tempdir()?,
+            client_port: free_port(),
+            peer_port: free_port(),
+            metrics_port: free_port(),
+            extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+            membership: None,
+            tls,
+            process: None,
+        })
+    }
+
+    pub(crate) fn peer_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.peer_port)
+    }
+
+    pub(crate) fn set_membership(&mut self, membership: Membership) {
+        self.membership = Some(membership);
+    }
+
+    pub(crate) fn reassign_ports(&mut self) {
+        self.client_port = free_port();
+        self.peer_port = free_port();
+        self.metrics_port = free_port();
+    }
+
+    pub(crate) fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// Spawns the process without waiting for it to serve.
+    pub(crate) fn spawn(&mut self) -> anyhow::Result<()> {
+        let client = self.endpoint();
+        let peer = self.peer_url();
+        let initial_cluster = match &self.membership {
+            Some(m) => m.initial_cluster.clone(),
+            None => format!("{}={peer}", self.name),
+        };
         let mut cmd = Command::new(self.flavor.binary()?);
         cmd.args(["--name", &self.name])
             .arg("--data-dir")
-            .arg(self.dir.path().join("data"))
+            .arg(self.data_dir())
             .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
             .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
-            .args(["--initial-cluster", &format!("{}={peer}", self.name)])
-            .args(["--logger", "zap", "--log-level", "warn"])
-            .args(&self.extra_args);
+            .args(["--listen-metrics-urls", &format!("http://127.0.0.1:{}", self.metrics_port)])
+            .args(["--initial-cluster", &initial_cluster])
+            .args(["--logger", "zap", "--log-level", "warn"]);
+        if let Some(m) = &self.membership {
+            cmd.args(["--initial-cluster-token", &m.token]);
+        }
+        if let Some(tls) = &self.tls {
+            cmd.arg("--cert-file")
+                .arg(&tls.server.cert)
+                .arg("--key-file")
+                .arg(&tls.server.key)
+                .arg("--trusted-ca-file")
+                .arg(&tls.ca_cert)
+                .arg("--client-cert-auth");
+        }
+        cmd.args(&self.extra_args);
         let log = self.dir.path().join("etcd.log");
         self.process = Some(Managed::spawn(&format!("etcd {}", self.name), cmd, &log)?);
-        let port = self.client_port;
-        let process = self.process.as_mut().expect("just spawned");
+        Ok(())
+    }
+
+    /// Waits until the server says it is healthy (a member: once its cluster has a leader).
+    pub(crate) async fn wait_serving(&mut self) -> anyhow::Result<()> {
+        let port = self.metrics_port;
+        let process = self.process.as_mut().ok_or_else(|| anyhow::anyhow!("etcd {} is not running", self.name))?;
         wait_until(&format!("etcd {}", self.name), crate::STARTUP_DEADLINE, || {
             let running = process.check_running();
             async move {
                 running?;
-                Ok(health_ok(port))
+                Ok(http_get(port, "/health?exclude=NOSPACE").is_some_and(|b| b.contains("\"health\":\"true\"")))
             }
         })
         .await
     }
 
-    /// `http://127.0.0.1:<port>`, the one client URL.
+    async fn launch(&mut self) -> anyhow::Result<()> {
+        self.spawn()?;
+        self.wait_serving().await
+    }
+
+    /// `http://127.0.0.1:<port>` (or `https://` with TLS), the one client URL.
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
+    }
+
+    /// `127.0.0.1:<port>`, for a proxy in front of this server.
+    pub fn client_addr(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::from(([127, 0, 0, 1], self.client_port))
     }
 
     pub fn name(&self) -> &str {
@@ -114,12 +210,23 @@ impl EtcdServer {
         self.flavor
     }
 
+    pub fn tls(&self) -> Option<&ServerTls> {
+        self.tls.as_ref()
+    }
+
     pub fn pid(&self) -> Option<u32> {
         self.process.as_ref().and_then(|p| p.pid())
     }
 
     pub fn is_running(&self) -> bool {
         self.process.as_ref().is_some_and(|p| p.is_running())
+    }
+
+    /// Whether this member leads its cluster now (from its metrics).
+    pub fn is_leader(&self) -> bool {
+        self.is_running()
+            && http_get(self.metrics_port, "/metrics")
+                .is_some_and(|m| m.lines().any(|l| l.trim() == "etcd_server_is_leader 1"))
     }
 
     /// A clean stop (SIGTERM); the data directory stays for `restart`.
@@ -136,22 +243,102 @@ impl EtcdServer {
         }
     }
 
+    /// SIGSTOP: the process holds its sockets and answers nothing (a paused VM, a long GC).
+    pub fn pause(&self) {
+        if let Some(pid) = self.pid() {
+            crate::process::signal(pid, "STOP");
+        }
+    }
+
+    /// SIGCONT after `pause`.
+    pub fn resume(&self) {
+        if let Some(pid) = self.pid() {
+            crate::process::signal(pid, "CONT");
+        }
+    }
+
     /// Starts the stopped or killed server again on the same ports and data.
     pub async fn restart(&mut self) -> anyhow::Result<()> {
         self.stop();
         self.launch().await
     }
+
+    /// `etcdctl` pointed at this server (with the root client certificate under TLS).
+    pub fn etcdctl(&self) -> anyhow::Result<Command> {
+        let mut cmd = Command::new(self.flavor.etcdctl()?);
+        cmd.env("ETCDCTL_API", "3").arg(format!("--endpoints={}", self.endpoint()));
+        if let Some(tls) = &self.tls {
+            cmd.arg(format!("--cacert={}", tls.ca_cert.display()))
+                .arg(format!("--cert={}", tls.root_client.cert.display()))
+                .arg(format!("--key={}", tls.root_client.key.display()));
+        }
+        Ok(cmd)
+    }
+
+    /// Saves a snapshot of this member's data to `path` (`etcdctl snapshot save`).
+    pub fn snapshot_save(&self, path: &Path) -> anyhow::Result<()> {
+        let mut cmd = self.etcdctl()?;
+        cmd.arg("snapshot").arg("save").arg(path);
+        run(cmd, "etcdctl snapshot save")
+    }
+
+    /// Replaces this member's data with a snapshot (`etcdutl snapshot restore`): a new cluster id,
+    /// the revision of the snapshot, or that plus `bump_revision` (restored with
+    /// `--bump-revision --mark-compacted`, as etcd's restore guide recommends). Waits until it
+    /// serves when it is a single member; a cluster's members are restored together.
+    pub(crate) fn restore_data(&mut self, snapshot: &Path, bump_revision: Option<u64>) -> anyhow::Result<()> {
+        self.kill();
+        let data = self.data_dir();
+        let _ = std::fs::remove_dir_all(&data);
+        let initial_cluster = match &self.membership {
+            Some(m) => m.initial_cluster.clone(),
+            None => format!("{}={}", self.name, self.peer_url()),
+        };
+        let token = self.membership.as_ref().map(|m| m.token.clone()).unwrap_or_else(|| "etcd-cluster".into());
+        let mut cmd = Command::new(tool_path("etcdutl")?);
+        cmd.arg("snapshot")
+            .arg("restore")
+            .arg(snapshot)
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["--name", &self.name])
+            .args(["--initial-cluster", &initial_cluster])
+            .args(["--initial-cluster-token", &format!("{token}-restored")])
+            .args(["--initial-advertise-peer-urls", &self.peer_url()]);
+        if let Some(bump) = bump_revision {
+            cmd.args(["--bump-revision", &bump.to_string(), "--mark-compacted"]);
+        }
+        run(cmd, "etcdutl snapshot restore")
+    }
+
+    /// Restores a single server from a snapshot and starts it.
+    pub async fn restore(&mut self, snapshot: &Path, bump_revision: Option<u64>) -> anyhow::Result<()> {
+        self.restore_data(snapshot, bump_revision)?;
+        self.launch().await
+    }
 }
 
-/// GET /health over a plain TCP connection: true once etcd says it is healthy.
-fn health_ok(port: u16) -> bool {
+fn run(mut cmd: Command, what: &str) -> anyhow::Result<()> {
+    let out = cmd.output()?;
+    if !out.status.success() {
+        anyhow::bail!(
+            "{what} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
+/// A plain HTTP/1.0 GET on 127.0.0.1 (etcd's metrics listener): the response, if any.
+fn http_get(port: u16, path: &str) -> Option<String> {
     let probe = || -> std::io::Result<String> {
         let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
         s.set_read_timeout(Some(std::time::Duration::from_secs(2)))?;
-        s.write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
+        write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
         let mut body = String::new();
         s.read_to_string(&mut body)?;
         Ok(body)
     };
-    probe().map(|b| b.contains("\"health\":\"true\"")).unwrap_or(false)
+    probe().ok()
 }

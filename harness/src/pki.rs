@@ -11,6 +11,7 @@ pub struct Pki {
 }
 
 /// A certificate and key written to `<dir>/<name>.crt` and `<dir>/<name>.key`.
+#[derive(Clone, Debug)]
 pub struct CertFiles {
     pub cert: PathBuf,
     pub key: PathBuf,

@@ -142,6 +142,12 @@ pub fn checkpoint_key(origin: &str) -> String {
     format!("{}checkpoint", federation_prefix(origin))
 }
 
+/// The progress record for `origin` on a peer: the origin revision the peer holds, written with
+/// every watch batch (small and constant, unlike the lease layout in the checkpoint).
+pub fn progress_key(origin: &str) -> String {
+    format!("{}progress", federation_prefix(origin))
+}
+
 /// The owner record for `origin` on a peer; its mod revision is the fencing epoch.
 pub fn owner_key(origin: &str) -> String {
     format!("{}owner", federation_prefix(origin))

@@ -230,19 +230,18 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
 }
 
 async fn run_drain(args: DrainArgs) -> anyhow::Result<aether_operator::drain::DrainReport> {
-    let mut options = etcd_client::ConnectOptions::new();
+    let mut target = aether_operator::mirror::EtcdTarget::plain(args.etcd.clone());
     if let Some(ca) = &args.cacert {
         let mut tls =
             etcd_client::TlsOptions::new().ca_certificate(etcd_client::Certificate::from_pem(std::fs::read(ca)?));
         if let (Some(cert), Some(key)) = (&args.cert, &args.key) {
             tls = tls.identity(etcd_client::Identity::from_pem(std::fs::read(cert)?, std::fs::read(key)?));
         }
-        options = options.with_tls(tls);
+        target = target.with_tls(tls);
     }
     if let Some(user) = &args.user {
-        options = options.with_user(user, std::env::var("ETCD_PASSWORD").unwrap_or_default());
+        target = target.with_user(user, std::env::var("ETCD_PASSWORD").unwrap_or_default());
     }
-    let target = aether_operator::mirror::EtcdTarget { endpoints: args.etcd.clone(), options: Some(options) };
     let client = target.connect().await?;
     let mut settings = aether_operator::drain::DrainSettings::new(&args.region, &args.cluster);
     settings.legacy_prefix = args.legacy_prefix.clone();

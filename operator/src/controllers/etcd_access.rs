@@ -46,7 +46,7 @@ pub fn access(connection: &EtcdConnection, secret: Option<&Secret>) -> Result<Ac
     }
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     connection.endpoints.hash(&mut hasher);
-    let mut options: Option<etcd_client::ConnectOptions> = None;
+    let mut target = EtcdTarget::plain(connection.endpoints.clone());
 
     if let Some(tls) = &connection.tls {
         let name = tls.secret_ref.name.clone();
@@ -66,7 +66,6 @@ pub fn access(connection: &EtcdConnection, secret: Option<&Secret>) -> Result<Ac
                 Err(AccessError::NotPem { secret: name.clone(), key })
             }
         };
-        let mut connect = etcd_client::ConnectOptions::new();
         if https > 0 {
             let ca = get("ca.crt").ok_or_else(|| AccessError::KeyMissing { secret: name.clone(), key: "ca.crt" })?;
             let ca = pem("ca.crt", ca)?;
@@ -83,21 +82,20 @@ pub fn access(connection: &EtcdConnection, secret: Option<&Secret>) -> Result<Ac
                 (None, Some(_)) => return Err(AccessError::Unpaired { secret: name, key: "tls.key", pair: "tls.crt" }),
                 (None, None) => {}
             }
-            connect = connect.with_tls(tls_options);
+            target = target.with_tls(tls_options);
         }
         match (get("username"), get("password")) {
             (Some(user), Some(password)) => {
                 user.hash(&mut hasher);
                 password.hash(&mut hasher);
-                connect = connect.with_user(String::from_utf8_lossy(&user), String::from_utf8_lossy(&password));
+                target = target.with_user(String::from_utf8_lossy(&user), String::from_utf8_lossy(&password));
             }
             (Some(_), None) => return Err(AccessError::Unpaired { secret: name, key: "username", pair: "password" }),
             (None, Some(_)) => return Err(AccessError::Unpaired { secret: name, key: "password", pair: "username" }),
             (None, None) => {}
         }
-        options = Some(connect);
     }
-    Ok(Access { target: EtcdTarget { endpoints: connection.endpoints.clone(), options }, fingerprint: hasher.finish() })
+    Ok(Access { target, fingerprint: hasher.finish() })
 }
 
 #[cfg(test)]
@@ -150,6 +148,6 @@ mod tests {
         let b = access(&c, Some(&secret(&[("ca.crt", &PEM.replace("MIIB", "MIIC"))]))).unwrap().fingerprint;
         assert_ne!(a, b);
         let plain = access(&conn(&["http://e:2379"], None), None).unwrap();
-        assert!(plain.target.options.is_none(), "plain http only where the endpoint says so, and then no TLS");
+        assert!(plain.target.tls.is_none() && plain.target.user.is_none(), "plain http only where the endpoint says so, and then no TLS");
     }
 }

@@ -380,6 +380,13 @@ pub fn describe(event: &MirrorEvent, region: &str, peer: &str) -> (EventType, &'
                 "{region} -> {peer}: revision {revision} has {ops} writes, more than one peer Txn holds; applied in parts"
             ),
         ),
+        MirrorEvent::ValueTooLarge { key, bytes } => (
+            EventType::Warning,
+            "ValueTooLarge",
+            format!(
+                "{region} -> {peer}: {key} holds {bytes} bytes, more than the peer accepts in one request; it is left out of the mirror until it shrinks (or raise the peer's --max-request-bytes and spec.sync.maxRequestBytes)"
+            ),
+        ),
     }
 }
 

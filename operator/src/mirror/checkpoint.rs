@@ -1,6 +1,11 @@
-//! The checkpoint a worker keeps on the peer, outside `regions/`: the last origin revision the
-//! peer holds completely, the lease of every shard with its key count, and the owner. A new leader
-//! adopts the leases and resumes from it instead of re-putting every key.
+//! The records a worker keeps on the peer, outside `regions/`:
+//! - the checkpoint: the lease of every shard with its key count, whether the peer holds a
+//!   complete snapshot, and the origin cluster it came from; written when the layout changes and
+//!   when a sync starts and ends;
+//! - the progress: the origin revision the peer holds completely, written in the same Txn as
+//!   every watch batch (a few dozen bytes, whatever the number of leases);
+//! - the owner: who writes this origin's mirror; its mod revision is the fencing epoch.
+//! A new leader adopts the leases and resumes from them instead of re-putting every key.
 use serde::{Deserialize, Serialize};
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -20,6 +25,10 @@ pub struct Checkpoint {
     /// successor keeps them alive until its own sync is complete.
     #[serde(default)]
     pub retiring: Vec<i64>,
+    /// The origin etcd's cluster id when the snapshot was taken: a restored or replaced origin
+    /// has another, and its revisions mean something else (0: unknown).
+    #[serde(default)]
+    pub origin_cluster_id: u64,
 }
 
 impl Checkpoint {
@@ -38,13 +47,35 @@ impl Checkpoint {
     }
 }
 
+/// The progress record: the origin revision the peer holds completely, and who wrote it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Progress {
+    pub owner: String,
+    pub revision: i64,
+}
+
+impl Progress {
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("progress always serializes")
+    }
+
+    pub fn decode(bytes: &[u8]) -> Option<Progress> {
+        serde_json::from_slice(bytes).ok()
+    }
+}
+
 /// The owner record: who writes this origin's mirror on this peer. Its mod revision is the
-/// fencing epoch every batch compares.
+/// fencing epoch every batch compares; every session of every worker takes a new one.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Owner {
     pub owner: String,
     pub acquired_at: String,
+    /// Grows by one with every new owner. A record with a lower generation than a worker's own
+    /// is an old one brought back by a restore of the peer, not a successor.
+    #[serde(default)]
+    pub generation: u64,
 }
 
 impl Owner {
@@ -66,9 +97,21 @@ mod tests {
             keys: vec![3, 4],
             synced: true,
             retiring: vec![],
+            origin_cluster_id: 9,
         };
         assert_eq!(Checkpoint::decode(&c.encode()), Some(c.clone()));
         assert_eq!(c.total_keys(), 7);
         assert_eq!(Checkpoint::decode(b"not json"), None);
+        let p = Progress { owner: "a/1".into(), revision: 1 << 40 };
+        assert_eq!(Progress::decode(&p.encode()), Some(p.clone()));
+        assert!(p.encode().len() < 64, "progress stays small");
+    }
+
+    #[test]
+    fn records_of_earlier_versions_still_decode() {
+        let c = Checkpoint::decode(br#"{"owner":"x","revision":3,"leases":[1],"keys":[2],"synced":true}"#);
+        assert_eq!(c.map(|c| (c.origin_cluster_id, c.retiring.len())), Some((0, 0)));
+        let o = Owner::decode(br#"{"owner":"x","acquiredAt":"t"}"#).expect("decodes");
+        assert_eq!(o.generation, 0);
     }
 }

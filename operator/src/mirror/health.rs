@@ -69,6 +69,11 @@ pub struct PeerHealth {
     pub split_revisions: u64,
     pub txns: u64,
     pub ops: u64,
+    /// Sessions that ended in an error since the worker started.
+    pub session_failures: u64,
+    /// Origin keys whose value cannot fit in a request the peer accepts: key and size. They are
+    /// left out of the mirror (and removed from the peer) until they shrink.
+    pub oversized: Vec<(String, usize)>,
 }
 
 impl PeerHealth {
@@ -94,6 +99,8 @@ impl PeerHealth {
             split_revisions: 0,
             txns: 0,
             ops: 0,
+            session_failures: 0,
+            oversized: Vec::new(),
         }
     }
 
@@ -125,6 +132,8 @@ pub enum ResyncCause {
     LeaseLost,
     /// The subtree outgrew its leases; keys move to more leases.
     Reshard,
+    /// The origin etcd was restored from a backup or replaced: its revisions mean something else.
+    OriginChanged,
 }
 
 impl ResyncCause {
@@ -134,6 +143,7 @@ impl ResyncCause {
             ResyncCause::Compacted => "origin compacted past the mirror's revision",
             ResyncCause::LeaseLost => "a lease was lost",
             ResyncCause::Reshard => "the subtree outgrew its leases",
+            ResyncCause::OriginChanged => "the origin etcd was restored or replaced",
         }
     }
 }
@@ -149,4 +159,6 @@ pub enum MirrorEvent {
     RegionUnreachable,
     RegionReachable,
     RevisionSplit { revision: i64, ops: usize },
+    /// An origin value larger than any request the peer accepts: left out of the mirror.
+    ValueTooLarge { key: String, bytes: usize },
 }

@@ -1,10 +1,14 @@
 //! The data plane: one worker per (origin region, peer region) pair mirrors the origin's subtree
 //! into the peer's etcd under origin-heartbeat leases. No Kubernetes in here.
 //!
-//! - [`plan`]: the paged sync diff and the packing of revisions into Txns (pure).
+//! - [`plan`]: the paged sync diff, page sizing and the packing of revisions into Txns (pure).
 //! - [`shards`]: which lease a key is attached to (pure).
-//! - [`checkpoint`]: the checkpoint and owner records kept on the peer.
-//! - [`worker`]: the IO loop: ownership and fencing, lease adoption, sync, watch, keepalive.
+//! - [`checkpoint`]: the lease layout, progress and owner records kept on the peer.
+//! - [`resume`]: how a session resumes from what the peer records and the origin says (pure).
+//! - [`target`]: reaching an etcd cluster with a member down.
+//! - [`worker`]: the worker's life: sessions, backoff, standing by when fenced; it drives
+//!   `session` (ownership, fencing, adoption), `sync` (the full sync), `watch` (watch and apply)
+//!   and `keepalive` (the origin-heartbeat leases).
 //! - [`inbound`]: what other regions mirror into the local etcd, read-only.
 //! - [`health`], [`detector`], [`backoff`]: what a worker reports and how it waits.
 
@@ -14,44 +18,20 @@ pub mod detector;
 pub mod health;
 pub mod inbound;
 pub mod plan;
+pub mod resume;
 pub mod shards;
+mod keepalive;
+mod session;
+mod sync;
+pub mod target;
+mod watch;
 pub mod worker;
 
 pub use health::{MirrorEvent, PeerHealth, Phase, ResyncCause};
+pub use target::EtcdTarget;
 pub use worker::{MirrorHandle, spawn};
 
 use std::time::Duration;
-
-/// How to reach one etcd: endpoints and connect options (TLS, credentials).
-#[derive(Clone)]
-pub struct EtcdTarget {
-    pub endpoints: Vec<String>,
-    pub options: Option<etcd_client::ConnectOptions>,
-}
-
-impl std::fmt::Debug for EtcdTarget {
-    // Connect options hold credentials: never print them.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EtcdTarget").field("endpoints", &self.endpoints).finish_non_exhaustive()
-    }
-}
-
-impl EtcdTarget {
-    pub fn plain(endpoints: impl IntoIterator<Item = impl Into<String>>) -> Self {
-        EtcdTarget { endpoints: endpoints.into_iter().map(Into::into).collect(), options: None }
-    }
-
-    pub async fn connect(&self) -> Result<etcd_client::Client, etcd_client::Error> {
-        let options = self
-            .options
-            .clone()
-            .unwrap_or_default()
-            .with_connect_timeout(Duration::from_secs(5))
-            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
-            .with_keep_alive_while_idle(true);
-        etcd_client::Client::connect(&self.endpoints, Some(options)).await
-    }
-}
 
 /// Settings of one worker.
 #[derive(Clone, Debug)]
@@ -68,10 +48,17 @@ pub struct MirrorConfig {
     pub page_size: i64,
     pub max_txn_ops: usize,
     pub max_txn_bytes: usize,
+    /// The peer's `--max-request-bytes`: a value that cannot fit in a request under it is
+    /// reported and left out instead of being retried forever.
+    pub max_request_bytes: usize,
+    /// Bytes a sync range page aims for (pages shrink when values are large).
+    pub page_bytes: usize,
     /// Batch Txns in flight at once during a sync (keys of one sync are distinct).
     pub sync_parallelism: usize,
     /// Ops received but not applied before the worker stops reading the watch.
     pub max_pending_ops: usize,
+    /// Bytes received but not applied before the worker stops reading the watch.
+    pub max_pending_bytes: usize,
     pub backoff_base: Duration,
     pub backoff_cap: Duration,
     /// The failure detector's acceptable pause.
@@ -95,8 +82,11 @@ impl MirrorConfig {
             page_size: 1000,
             max_txn_ops: 128,
             max_txn_bytes: 1 << 20,
+            max_request_bytes: 1_572_864,
+            page_bytes: 8 << 20,
             sync_parallelism: 4,
             max_pending_ops: 200_000,
+            max_pending_bytes: 64 << 20,
             backoff_base: Duration::from_millis(200),
             backoff_cap: Duration::from_secs(30),
             acceptable_pause: Duration::from_secs(10),

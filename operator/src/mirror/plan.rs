@@ -232,6 +232,36 @@ pub fn next_watch_batch(
     Some(WatchBatch { ops, applied_through: through, revisions_consumed: consumed, split_ops_consumed: 0 })
 }
 
+/// How many keys the next sync range page asks for: the configured page size, fewer when values
+/// are large, so that a page stays near `target_bytes` whatever the values weigh. `largest` is
+/// the largest key-value seen so far in this sync.
+pub fn next_page_limit(page_size: i64, largest: usize, target_bytes: usize) -> i64 {
+    let by_bytes = (target_bytes / largest.max(1)).max(1) as i64;
+    page_size.min(by_bytes).max(1)
+}
+
+/// A key whose write cannot fit in any request the peer accepts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Oversized {
+    pub key: String,
+    pub bytes: usize,
+}
+
+/// Checks one op against the peer's request limit (less `reserved` for the bookkeeping that goes
+/// with it). A put that cannot fit becomes a delete, so that the peer drops its stale copy
+/// instead of serving an old value, and is reported; it never blocks the ops after it.
+pub fn enforce_request_limit(op: MirrorOp, max_request_bytes: usize, reserved: usize) -> (MirrorOp, Option<Oversized>) {
+    let limit = max_request_bytes.saturating_sub(reserved);
+    match op {
+        MirrorOp::Put { key, value, .. } if key.len() + value.len() + 24 > limit => {
+            let bytes = key.len() + value.len();
+            let report = Oversized { key: String::from_utf8_lossy(&key).into_owned(), bytes };
+            (MirrorOp::Delete { key }, Some(report))
+        }
+        op => (op, None),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -315,6 +345,26 @@ mod tests {
                 })
                 .collect(),
         }
+    }
+
+    #[test]
+    fn pages_shrink_for_large_values_and_never_below_one_key() {
+        assert_eq!(next_page_limit(1000, 300, 8 << 20), 1000);
+        assert_eq!(next_page_limit(1000, 1 << 20, 8 << 20), 8);
+        assert_eq!(next_page_limit(1000, 64 << 20, 8 << 20), 1);
+        assert_eq!(next_page_limit(1000, 0, 8 << 20), 1000);
+    }
+
+    #[test]
+    fn a_put_over_the_request_limit_becomes_a_delete_and_is_reported() {
+        let big = MirrorOp::Put { key: b"k".to_vec(), value: vec![b'x'; 2000], shard: 0 };
+        let (op, report) = enforce_request_limit(big, 2048, 100);
+        assert_eq!(op, MirrorOp::Delete { key: b"k".to_vec() });
+        assert_eq!(report, Some(Oversized { key: "k".into(), bytes: 2001 }));
+        let small = MirrorOp::Put { key: b"k".to_vec(), value: vec![b'x'; 10], shard: 0 };
+        assert_eq!(enforce_request_limit(small.clone(), 2048, 100), (small, None));
+        let delete = MirrorOp::Delete { key: b"k".to_vec() };
+        assert_eq!(enforce_request_limit(delete.clone(), 10, 100), (delete, None));
     }
 
     #[test]

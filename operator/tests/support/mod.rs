@@ -1,5 +1,5 @@
 //! Helpers shared by the integration tests.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 use kube::api::{Api, DynamicObject, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use std::time::Duration;
@@ -12,6 +12,8 @@ pub async fn install_crds(client: &kube::Client) -> anyhow::Result<()> {
 }
 
 pub use aether_harness::ensure_namespace;
+
+pub mod etcd;
 
 /// An untyped API for one of our kinds, so tests can send objects the Rust types cannot express.
 pub fn dynamic_api(client: &kube::Client, kind: &str, namespace: &str) -> Api<DynamicObject> {

@@ -1,0 +1,166 @@
+//! The origin-heartbeat: a task that keeps every lease of the mirror alive on the peer at the
+//! keepalive interval, feeds the failure detector and the health, and reports leases that are
+//! gone. Dropping it stops the keepalives; nothing is ever revoked.
+use super::worker::Shared;
+use super::{EtcdTarget, MirrorConfig};
+use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+use tokio::sync::mpsc;
+use tracing::{Instrument, debug};
+
+pub fn is_lease_not_found(e: &etcd_client::Error) -> bool {
+    e.to_string().contains("lease not found")
+}
+
+pub struct Keeper {
+    /// The leases kept alive, sorted: a keeper is replaced only when this set changes.
+    pub leases: Vec<i64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Keeper {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Keeper {
+    /// Starts keeping `leases` alive. A lease found gone is sent on `lost` once, unless it is
+    /// one of `retiring` (an earlier layout's lease, expected to empty and lapse).
+    pub fn spawn(
+        peer: EtcdTarget,
+        mut leases: Vec<i64>,
+        config: MirrorConfig,
+        shared: Arc<Shared>,
+        lost: mpsc::Sender<i64>,
+        retiring: Vec<i64>,
+    ) -> Keeper {
+        leases.sort_unstable();
+        leases.dedup();
+        let ids = leases.clone();
+        let task = tokio::spawn(
+            async move {
+                let mut slots: Vec<Option<(LeaseKeeper, LeaseKeepAliveStream)>> = ids.iter().map(|_| None).collect();
+                let mut client: Option<Client> = None;
+                let mut reported_lost: Vec<i64> = Vec::new();
+                // A round must end before the next is due, or a slow peer would stretch the
+                // keepalive interval past the TTL.
+                let round_timeout = config.rpc_timeout.min(config.keepalive_interval).max(Duration::from_millis(500));
+                loop {
+                    let started = tokio::time::Instant::now();
+                    if client.is_none() {
+                        client = tokio::time::timeout(round_timeout, peer.connect()).await.ok().and_then(Result::ok);
+                    }
+                    let results: Vec<Result<i64, String>> = match client.as_ref() {
+                        None => vec![Err("cannot connect to the peer".to_string())],
+                        // No lease yet: a round trip all the same, so that health is measured.
+                        Some(c) if ids.is_empty() => {
+                            let mut c = c.clone();
+                            match tokio::time::timeout(round_timeout, c.status()).await {
+                                Ok(Ok(_)) => Vec::new(),
+                                Ok(Err(e)) => vec![Err(e.to_string())],
+                                Err(_) => vec![Err("status timed out".to_string())],
+                            }
+                        }
+                        Some(c) => {
+                            let calls = slots
+                                .iter_mut()
+                                .zip(&ids)
+                                .map(|(slot, id)| keep_alive_once(c.clone(), slot, *id, round_timeout));
+                            futures::future::join_all(calls).await
+                        }
+                    };
+                    let mut min_ttl: Option<i64> = None;
+                    let mut failed = false;
+                    for (i, result) in results.iter().enumerate() {
+                        match result {
+                            Ok(ttl) if *ttl > 0 => min_ttl = Some(min_ttl.map_or(*ttl, |m: i64| m.min(*ttl))),
+                            Ok(_) => {
+                                let id = ids[i];
+                                if !reported_lost.contains(&id) && !retiring.contains(&id) {
+                                    reported_lost.push(id);
+                                    let _ = lost.send(id).await;
+                                }
+                            }
+                            Err(e) => {
+                                debug!(error = %e, "keepalive failed");
+                                failed = true;
+                            }
+                        }
+                    }
+                    if failed {
+                        // Reconnect next round: the members that answer may have changed.
+                        client = None;
+                        slots.iter_mut().for_each(|s| *s = None);
+                        shared.update(|h| h.keepalive_failures += 1);
+                        shared.detector_evaluate();
+                    } else {
+                        shared.update(|h| {
+                            h.keepalive_failures = 0;
+                            h.keepalive_last_success = Some(SystemTime::now());
+                            h.lease_ttl_reported = min_ttl;
+                        });
+                        shared.detector_success();
+                    }
+                    // Keep the interval from the start of the round, so slow answers do not
+                    // stretch it; evaluate reachability at least once a second meanwhile.
+                    let next = started + config.keepalive_interval;
+                    while tokio::time::Instant::now() < next {
+                        tokio::time::sleep_until(next.min(tokio::time::Instant::now() + Duration::from_secs(1))).await;
+                        shared.detector_evaluate();
+                    }
+                }
+            }
+            .in_current_span(),
+        );
+        Keeper { leases, task }
+    }
+}
+
+/// One keepalive round trip for one lease: Ok(ttl) (0 or less means the lease is gone).
+async fn keep_alive_once(
+    mut client: Client,
+    slot: &mut Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+    id: i64,
+    timeout: Duration,
+) -> Result<i64, String> {
+    let round = async {
+        if let Some((keeper, stream)) = slot.as_mut() {
+            keeper.keep_alive().await.map_err(|e| e.to_string())?;
+            match stream.message().await {
+                Ok(Some(resp)) => return Ok(resp.ttl()),
+                Ok(None) => return Err("keepalive stream closed".to_string()),
+                Err(e) if is_lease_not_found(&e) => return Ok(0),
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        // Opening a stream sends a first keepalive and consumes its answer (an expired lease is
+        // an error); one more round trip reads the TTL.
+        let (mut keeper, mut stream) = match client.lease_keep_alive(id).await {
+            Ok(pair) => pair,
+            Err(e) if is_lease_not_found(&e) => return Ok(0),
+            Err(e) => return Err(e.to_string()),
+        };
+        keeper.keep_alive().await.map_err(|e| e.to_string())?;
+        let ttl = match stream.message().await {
+            Ok(Some(resp)) => resp.ttl(),
+            Ok(None) => return Err("keepalive stream closed".to_string()),
+            Err(e) if is_lease_not_found(&e) => return Ok(0),
+            Err(e) => return Err(e.to_string()),
+        };
+        *slot = Some((keeper, stream));
+        Ok(ttl)
+    };
+    match tokio::time::timeout(timeout, round).await {
+        Ok(Ok(ttl)) => Ok(ttl),
+        Ok(Err(e)) => {
+            *slot = None;
+            Err(e)
+        }
+        Err(_) => {
+            *slot = None;
+            Err(format!("keepalive timed out after {timeout:?}"))
+        }
+    }
+}

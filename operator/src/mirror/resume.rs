@@ -1,0 +1,238 @@
+//! How a session starts, without IO: whether this worker may write (ownership), and from where
+//! it resumes. Every session decides both afresh from what the peer records and what the origin
+//! says now, never from memory alone: a peer restored from a backup, an origin restored or
+//! replaced, or a successor that came and went are all seen this way.
+use super::checkpoint::{Checkpoint, Owner, Progress};
+use super::health::ResyncCause;
+
+/// The owner record as read from the peer: its mod revision and its decoded value (None when the
+/// value is not an owner record).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OwnerRecord {
+    pub mod_revision: i64,
+    pub owner: Option<Owner>,
+}
+
+/// What this worker knows of its own ownership.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Ownership {
+    /// The owner key's mod revision this worker last wrote (its last session's epoch).
+    pub epoch: Option<i64>,
+    /// The generation this worker owns under.
+    pub generation: u64,
+    /// Take over even from a newer owner: the worker stood by and nobody else keeps the mirror.
+    pub take_over: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OwnerDecision {
+    /// Write the owner record with this generation; its mod revision is the new epoch.
+    Take { generation: u64, restored: bool },
+    /// Someone else owns the mirror now.
+    Fenced { by: String },
+}
+
+/// Whether to take (or keep) ownership in a new session.
+pub fn decide_ownership(me: &str, mine: &Ownership, record: Option<&OwnerRecord>) -> OwnerDecision {
+    let Some(record) = record else {
+        // Nobody owns it (first start, the key was deleted, or a restore from before any owner).
+        return OwnerDecision::Take { generation: mine.generation.max(1), restored: mine.epoch.is_some() };
+    };
+    let theirs = record.owner.as_ref();
+    let generation = theirs.map_or(0, |o| o.generation);
+    if mine.epoch == Some(record.mod_revision) {
+        return OwnerDecision::Take { generation: mine.generation, restored: false };
+    }
+    if mine.epoch.is_none() || mine.take_over {
+        return OwnerDecision::Take { generation: generation + 1, restored: false };
+    }
+    // We owned it and the record changed: our own older record, or an older generation, is a
+    // restore of the peer; anything else is a successor.
+    let ours = theirs.is_some_and(|o| o.owner == me);
+    if ours || (theirs.is_some() && generation < mine.generation) {
+        return OwnerDecision::Take { generation: mine.generation, restored: true };
+    }
+    OwnerDecision::Fenced {
+        by: theirs.map(|o| o.owner.clone()).unwrap_or_else(|| "an unreadable owner record".to_string()),
+    }
+}
+
+/// The origin as it answers now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OriginStatus {
+    pub cluster_id: u64,
+    pub revision: i64,
+}
+
+/// Where a session resumes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Resume {
+    /// One lease per shard, 0 where the recorded lease is gone (empty: no layout yet).
+    pub leases: Vec<i64>,
+    pub keys: Vec<i64>,
+    /// Leases of an earlier layout that are still alive and may hold keys.
+    pub retiring: Vec<i64>,
+    /// The origin revision the peer holds completely (meaningless when `resync` is set).
+    pub applied: i64,
+    pub resync: Option<ResyncCause>,
+}
+
+/// Resumes from the peer's records. `alive[i]` says whether `checkpoint.leases[i]` is alive,
+/// `retiring_alive[i]` the same for `checkpoint.retiring[i]`. `pending` is a resync this worker
+/// still owes (one cut short).
+pub fn decide_resume(
+    checkpoint: Option<&Checkpoint>,
+    progress: Option<&Progress>,
+    alive: &[bool],
+    retiring_alive: &[bool],
+    origin: OriginStatus,
+    pending: Option<ResyncCause>,
+) -> Resume {
+    let initial = pending.unwrap_or(ResyncCause::Initial);
+    let Some(cp) = checkpoint.filter(|cp| !cp.leases.is_empty()) else {
+        return Resume { leases: Vec::new(), keys: Vec::new(), retiring: Vec::new(), applied: 0, resync: Some(initial) };
+    };
+    let leases: Vec<i64> =
+        cp.leases.iter().zip(alive.iter().chain(std::iter::repeat(&false))).map(|(id, a)| if *a { *id } else { 0 }).collect();
+    let keys = if cp.keys.len() == leases.len() { cp.keys.clone() } else { vec![0; leases.len()] };
+    let retiring: Vec<i64> = cp
+        .retiring
+        .iter()
+        .zip(retiring_alive.iter().chain(std::iter::repeat(&false)))
+        .filter(|(_, a)| **a)
+        .map(|(id, _)| *id)
+        .collect();
+    let recorded = progress.map_or(cp.revision, |p| p.revision.max(cp.revision));
+    let origin_changed = (cp.origin_cluster_id != 0 && cp.origin_cluster_id != origin.cluster_id)
+        || origin.revision < recorded;
+    let resync = if origin_changed {
+        Some(ResyncCause::OriginChanged)
+    } else if leases.contains(&0) {
+        Some(ResyncCause::LeaseLost)
+    } else if !cp.synced || cp.revision <= 0 {
+        Some(initial)
+    } else {
+        pending
+    };
+    Resume { leases, keys, retiring, applied: if resync.is_some() { 0 } else { recorded }, resync }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owner(name: &str, generation: u64) -> Option<Owner> {
+        Some(Owner { owner: name.into(), acquired_at: "t".into(), generation })
+    }
+
+    fn record(mod_revision: i64, name: &str, generation: u64) -> OwnerRecord {
+        OwnerRecord { mod_revision, owner: owner(name, generation) }
+    }
+
+    #[test]
+    fn a_first_session_takes_the_next_generation() {
+        let mine = Ownership::default();
+        assert_eq!(decide_ownership("me", &mine, None), OwnerDecision::Take { generation: 1, restored: false });
+        assert_eq!(
+            decide_ownership("me", &mine, Some(&record(5, "old", 7))),
+            OwnerDecision::Take { generation: 8, restored: false }
+        );
+    }
+
+    #[test]
+    fn every_later_session_keeps_its_generation_while_the_record_is_its_own() {
+        let mine = Ownership { epoch: Some(5), generation: 8, take_over: false };
+        assert_eq!(
+            decide_ownership("me", &mine, Some(&record(5, "me", 8))),
+            OwnerDecision::Take { generation: 8, restored: false }
+        );
+    }
+
+    #[test]
+    fn a_successor_fences_and_a_rolled_back_record_does_not() {
+        let mine = Ownership { epoch: Some(5), generation: 8, take_over: false };
+        assert_eq!(
+            decide_ownership("me", &mine, Some(&record(9, "next", 9))),
+            OwnerDecision::Fenced { by: "next".into() }
+        );
+        // A restore of the peer brings back our own older record, or a predecessor's.
+        assert_eq!(
+            decide_ownership("me", &mine, Some(&record(3, "me", 8))),
+            OwnerDecision::Take { generation: 8, restored: true }
+        );
+        assert_eq!(
+            decide_ownership("me", &mine, Some(&record(3, "old", 7))),
+            OwnerDecision::Take { generation: 8, restored: true }
+        );
+        assert_eq!(decide_ownership("me", &mine, None), OwnerDecision::Take { generation: 8, restored: true });
+        let garbage = OwnerRecord { mod_revision: 9, owner: None };
+        assert!(matches!(decide_ownership("me", &mine, Some(&garbage)), OwnerDecision::Fenced { .. }));
+    }
+
+    #[test]
+    fn taking_over_after_standing_by_outranks_the_record() {
+        let mine = Ownership { epoch: Some(5), generation: 8, take_over: true };
+        assert_eq!(
+            decide_ownership("me", &mine, Some(&record(9, "ghost", 1000))),
+            OwnerDecision::Take { generation: 1001, restored: false }
+        );
+    }
+
+    fn cp(revision: i64, leases: Vec<i64>, synced: bool, cluster: u64) -> Checkpoint {
+        Checkpoint {
+            owner: "w".into(),
+            revision,
+            keys: vec![1; leases.len()],
+            leases,
+            synced,
+            retiring: vec![],
+            origin_cluster_id: cluster,
+        }
+    }
+
+    const ORIGIN: OriginStatus = OriginStatus { cluster_id: 7, revision: 100 };
+
+    #[test]
+    fn resumes_from_the_newest_record_the_peer_holds() {
+        let c = cp(40, vec![11, 12], true, 7);
+        let p = Progress { owner: "w".into(), revision: 60 };
+        let r = decide_resume(Some(&c), Some(&p), &[true, true], &[], ORIGIN, None);
+        assert_eq!((r.applied, r.resync, r.leases), (60, None, vec![11, 12]));
+    }
+
+    #[test]
+    fn nothing_recorded_or_an_unfinished_sync_means_a_sync() {
+        let r = decide_resume(None, None, &[], &[], ORIGIN, None);
+        assert_eq!((r.resync, r.leases.len()), (Some(ResyncCause::Initial), 0));
+        let c = cp(40, vec![11], false, 7);
+        let r = decide_resume(Some(&c), None, &[true], &[], ORIGIN, Some(ResyncCause::Compacted));
+        assert_eq!(r.resync, Some(ResyncCause::Compacted));
+    }
+
+    #[test]
+    fn a_lost_lease_is_zeroed_and_resynced() {
+        let c = cp(40, vec![11, 12], true, 7);
+        let r = decide_resume(Some(&c), None, &[true, false], &[], ORIGIN, None);
+        assert_eq!((r.leases, r.resync), (vec![11, 0], Some(ResyncCause::LeaseLost)));
+    }
+
+    #[test]
+    fn a_restored_or_replaced_origin_is_resynced() {
+        let c = cp(40, vec![11], true, 7);
+        let other = OriginStatus { cluster_id: 8, revision: 1000 };
+        assert_eq!(decide_resume(Some(&c), None, &[true], &[], other, None).resync, Some(ResyncCause::OriginChanged));
+        let behind = OriginStatus { cluster_id: 7, revision: 30 };
+        assert_eq!(decide_resume(Some(&c), None, &[true], &[], behind, None).resync, Some(ResyncCause::OriginChanged));
+        // A checkpoint from before cluster ids were recorded trusts the revision alone.
+        let legacy = cp(40, vec![11], true, 0);
+        assert_eq!(decide_resume(Some(&legacy), None, &[true], &[], other, None).resync, None);
+    }
+
+    #[test]
+    fn only_live_retiring_leases_are_kept() {
+        let mut c = cp(40, vec![11], true, 7);
+        c.retiring = vec![5, 6];
+        let r = decide_resume(Some(&c), None, &[true], &[false, true], ORIGIN, None);
+        assert_eq!(r.retiring, vec![6]);
+    }
+}

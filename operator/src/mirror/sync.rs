@@ -1,0 +1,260 @@
+//! The full sync: the origin's subtree at one revision, diffed page by page against the peer's
+//! copy (value and lease), applied in parallel batches. Pages are sized by bytes as well as keys,
+//! so that large values never make a response the client cannot decode.
+//!
+//! The canary on the peer says whether the peer holds the origin's complete snapshot: it is
+//! written `synced: false` (with the cause) before any key moves and `synced: true` with the
+//! revision once every key is in place, in the same Txn as the checkpoint. A consumer that finds
+//! no canary, or `synced: false`, must not read "no endpoints" as "the origin has none".
+use super::health::{MirrorEvent, Phase, ResyncCause};
+use super::plan::{Kv, SyncBatcher, enforce_request_limit, merge_step, next_page_limit};
+use super::session::Applied;
+use super::shards::{shard_count, shard_count_fits, shard_of};
+use super::target::kv;
+use super::worker::{State, Worker};
+use crate::keys;
+use anyhow::anyhow;
+use etcd_client::{Client, GetOptions, GetResponse, PutOptions, TxnOp};
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use std::collections::VecDeque;
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+/// Room kept in every request for the bookkeeping puts and framing.
+pub(super) const RESERVED_REQUEST_BYTES: usize = 64 * 1024;
+
+impl Worker {
+    /// Returns who fenced us, if someone did.
+    pub(super) async fn sync(
+        &self,
+        local: &mut Client,
+        peer: &mut Client,
+        state: &mut State,
+        cause: ResyncCause,
+        origin_cluster_id: u64,
+        lost_tx: &mpsc::Sender<i64>,
+    ) -> anyhow::Result<Option<String>> {
+        let phase = if cause == ResyncCause::Initial { Phase::Syncing } else { Phase::Resyncing };
+        self.shared.update(|h| {
+            h.phase = phase;
+            h.synced = false;
+        });
+        state.synced = false;
+        let prefix = keys::region_prefix(&self.config.origin);
+        let range_end = keys::prefix_range_end(prefix.as_bytes());
+        let epoch = state.ownership.epoch.ok_or_else(|| anyhow!("sync without ownership"))?;
+
+        // Pin the snapshot: the revision and size of the origin's subtree now.
+        let head = self
+            .rpc(
+                "count origin keys",
+                kv(local).get(prefix.as_str(), Some(GetOptions::new().with_prefix().with_count_only())),
+            )
+            .await?;
+        let revision = head.header().map(|h| h.revision()).ok_or_else(|| anyhow!("range response without header"))?;
+        let total = head.count().max(0) as u64;
+
+        // Lease layout: keep the current one while it fits, else reshard.
+        let max_per_lease = self.config.max_keys_per_lease;
+        if state.leases.is_empty() || !shard_count_fits(state.leases.len(), total, max_per_lease) {
+            let shards = shard_count(total, max_per_lease);
+            if !state.leases.is_empty() {
+                info!(from = state.leases.len(), to = shards, keys = total, "resharding leases");
+                state.retiring.extend(state.leases.iter().copied().filter(|id| *id != 0));
+            }
+            state.leases = vec![0; shards];
+            state.keys = vec![0; shards];
+        }
+        // Grant the missing leases together: one round trip, not one per shard.
+        let missing: Vec<usize> = (0..state.leases.len()).filter(|s| state.leases[*s] == 0).collect();
+        let granted = futures::future::try_join_all(missing.iter().map(|shard| {
+            let mut peer = peer.clone();
+            async move { self.grant(&mut peer, *shard).await }
+        }))
+        .await?;
+        for (shard, lease) in missing.into_iter().zip(granted) {
+            state.leases[shard] = lease;
+        }
+        self.ensure_keeper(state, lost_tx);
+        // Record the layout, not synced, before any key moves: a successor taking over mid-sync
+        // keeps every lease that may hold keys alive, and syncs again. The canary says so too.
+        let canary = serde_json::json!({"synced": false, "cause": cause.as_str()});
+        let bookkeeping = vec![self.checkpoint_op(state, 0, false), self.canary_op(state, canary)];
+        if let Applied::Fenced(by) = self.apply(peer, epoch, Vec::new(), &state.leases, bookkeeping).await? {
+            return Ok(Some(by));
+        }
+
+        let shards = state.leases.len();
+        let leases = state.leases.clone();
+        let mut batcher = SyncBatcher::new(self.limits(state));
+        let mut counts = vec![0i64; shards];
+        let mut inflight = FuturesUnordered::new();
+        let (mut origin_buf, mut peer_buf) = (VecDeque::new(), VecDeque::new());
+        let (mut origin_cursor, mut peer_cursor) = (prefix.clone().into_bytes(), prefix.clone().into_bytes());
+        let (mut origin_done, mut peer_done) = (false, false);
+        let (mut origin_largest, mut peer_largest) = (0usize, 0usize);
+        let mut ops = Vec::new();
+        let mut oversized = Vec::new();
+
+        loop {
+            if origin_buf.is_empty() && !origin_done {
+                let page = self.page(local, &origin_cursor, &range_end, Some(revision), &mut origin_largest).await?;
+                origin_done = !page.more();
+                for kv in page.kvs() {
+                    counts[shard_of(kv.key(), shards)] += 1;
+                }
+                origin_buf.extend(page_kvs(page));
+                if let Some(last) = origin_buf.back() {
+                    origin_cursor = next_key(&last.key);
+                }
+            }
+            if peer_buf.is_empty() && !peer_done {
+                let page = self.page(peer, &peer_cursor, &range_end, None, &mut peer_largest).await?;
+                peer_done = !page.more();
+                peer_buf.extend(page_kvs(page));
+                if let Some(last) = peer_buf.back() {
+                    peer_cursor = next_key(&last.key);
+                }
+            }
+            merge_step(
+                &mut origin_buf,
+                origin_done,
+                &mut peer_buf,
+                peer_done,
+                |key| shard_of(key, shards),
+                |shard| leases[shard],
+                &mut ops,
+            );
+            for op in ops.drain(..) {
+                let (op, too_large) =
+                    enforce_request_limit(op, self.config.max_request_bytes, RESERVED_REQUEST_BYTES);
+                if let Some(o) = too_large {
+                    counts[shard_of(o.key.as_bytes(), shards)] -= 1;
+                    oversized.push(o);
+                }
+                if let Some(batch) = batcher.push(op) {
+                    while inflight.len() >= self.config.sync_parallelism {
+                        if let Some(by) = settle(inflight.next().await)? {
+                            return Ok(Some(by));
+                        }
+                    }
+                    inflight.push(self.apply(peer, epoch, batch, &leases, Vec::new()));
+                }
+            }
+            if origin_done && peer_done && origin_buf.is_empty() && peer_buf.is_empty() {
+                break;
+            }
+        }
+        if let Some(batch) = batcher.take() {
+            inflight.push(self.apply(peer, epoch, batch, &leases, Vec::new()));
+        }
+        while let Some(result) = inflight.next().await {
+            if let Some(by) = settle(Some(result))? {
+                return Ok(Some(by));
+            }
+        }
+        drop(inflight);
+
+        // The last Txn records the complete snapshot and writes the canary.
+        state.keys = counts;
+        state.origin_cluster_id = origin_cluster_id;
+        let synced_at = k8s_openapi::jiff::Timestamp::now().to_string();
+        let canary = serde_json::json!({"synced": true, "revision": revision, "syncedAt": synced_at});
+        let bookkeeping =
+            vec![self.checkpoint_op(state, revision, true), self.progress_op(revision), self.canary_op(state, canary)];
+        if let Applied::Fenced(by) = self.apply(peer, epoch, Vec::new(), &leases, bookkeeping).await? {
+            return Ok(Some(by));
+        }
+        // Every key the origin holds was compared in this sync: it alone says which are too large.
+        let fixed: Vec<String> = state.oversized.keys().cloned().collect();
+        self.report_oversized(state, oversized, fixed);
+        state.applied = revision;
+        state.synced = true;
+        let total_keys = state.keys.iter().sum::<i64>();
+        self.shared.update(|h| {
+            h.last_applied_revision = revision;
+            h.last_seen_revision = h.last_seen_revision.max(revision);
+            h.keys = total_keys;
+            h.synced = true;
+            h.pending_since = None;
+        });
+        self.shared.progressed();
+        self.shared.emit(MirrorEvent::Synced { revision, keys: total_keys });
+        info!(revision, keys = total_keys, "peer holds the complete snapshot; canary written");
+        if !state.retiring.is_empty() {
+            // The old layout's leases hold nothing now; they lapse on their own.
+            state.retiring.clear();
+            self.ensure_keeper(state, lost_tx);
+        }
+        Ok(None)
+    }
+
+    /// One range page from `from`, sized by the largest key-value seen so far. A response the
+    /// client cannot decode is asked for again with a tenth of the keys.
+    async fn page(
+        &self,
+        client: &Client,
+        from: &[u8],
+        range_end: &[u8],
+        revision: Option<i64>,
+        largest: &mut usize,
+    ) -> anyhow::Result<GetResponse> {
+        let mut limit = next_page_limit(self.config.page_size, *largest, self.config.page_bytes);
+        loop {
+            let mut opts = GetOptions::new().with_range(range_end.to_vec()).with_limit(limit);
+            if let Some(revision) = revision {
+                opts = opts.with_revision(revision);
+            }
+            match self.rpc("range page", kv(client).get(from.to_vec(), Some(opts))).await {
+                Ok(resp) => {
+                    let page_largest = resp.kvs().iter().map(|kv| kv.key().len() + kv.value().len()).max();
+                    *largest = (*largest).max(page_largest.unwrap_or(0));
+                    return Ok(resp);
+                }
+                Err(e) if limit > 1 && format!("{e:#}").contains("message length too large") => {
+                    warn!(limit, "a range page was too large to decode; asking for fewer keys");
+                    limit = (limit / 10).max(1);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn grant(&self, peer: &mut Client, shard: usize) -> anyhow::Result<i64> {
+        let resp = self.rpc("grant lease", peer.lease_grant(self.config.lease_ttl_seconds, None)).await?;
+        info!(lease = resp.id(), shard, "lease granted");
+        self.shared.emit(MirrorEvent::LeaseGranted { lease: resp.id(), shard });
+        Ok(resp.id())
+    }
+
+    /// The canary put, on the first shard's lease: it lapses with the mirror.
+    fn canary_op(&self, state: &State, value: serde_json::Value) -> TxnOp {
+        let lease = state.leases.first().copied().unwrap_or(0);
+        let options = (lease != 0).then(|| PutOptions::new().with_lease(lease));
+        TxnOp::put(keys::canary_key(&self.config.origin), value.to_string(), options)
+    }
+}
+
+fn settle(result: Option<anyhow::Result<Applied>>) -> anyhow::Result<Option<String>> {
+    match result {
+        None | Some(Ok(Applied::Yes)) => Ok(None),
+        Some(Ok(Applied::Fenced(by))) => Ok(Some(by)),
+        Some(Err(e)) => Err(e),
+    }
+}
+
+fn page_kvs(mut page: GetResponse) -> impl Iterator<Item = Kv> {
+    page.take_kvs().into_iter().map(|kv| {
+        let lease = kv.lease();
+        let (key, value) = kv.into_key_value();
+        Kv { key, value, lease }
+    })
+}
+
+/// The smallest key after `key`.
+fn next_key(key: &[u8]) -> Vec<u8> {
+    let mut next = key.to_vec();
+    next.push(0);
+    next
+}

@@ -1,0 +1,227 @@
+//! Watching the origin and applying: the subtree is watched from the revision after the last one
+//! the peer holds, and pending revisions are applied whole and in order in coalesced Txns, one in
+//! flight at a time, each with the small progress record.
+//!
+//! The watch asks etcd to fragment large responses and does not ask for previous values, so a
+//! worker resuming behind many large values gets messages it can decode; a revision is applied
+//! only once its last fragment has arrived. A watch that answers nothing, not even a progress
+//! request, for longer than the stall timeout is treated as broken, never as an idle subtree.
+use super::health::{MirrorEvent, Phase, ResyncCause};
+use super::plan::{MirrorOp, Revision, WatchBatch, enforce_request_limit, next_watch_batch};
+use super::session::{Applied, WatchEnd};
+use super::shards::shard_of;
+use super::sync::RESERVED_REQUEST_BYTES;
+use super::worker::{State, Worker};
+use crate::keys;
+use anyhow::{Context, anyhow};
+use etcd_client::{Client, EventType, WatchOptions};
+use std::collections::VecDeque;
+use std::future::Future;
+use std::time::{Instant, SystemTime};
+use tokio::sync::mpsc;
+use tracing::warn;
+
+/// A watch batch Txn in flight.
+type BatchFuture = std::pin::Pin<Box<dyn Future<Output = anyhow::Result<(Applied, WatchBatch)>> + Send>>;
+
+/// What a pending revision changes once applied.
+struct RevisionMeta {
+    /// Key-count changes per shard.
+    deltas: Vec<(usize, i64)>,
+    bytes: usize,
+    received: SystemTime,
+}
+
+impl Worker {
+    pub(super) async fn watch(
+        &self,
+        local: &mut Client,
+        peer: &mut Client,
+        state: &mut State,
+        lost_rx: &mut mpsc::Receiver<i64>,
+        backoff: &mut super::backoff::Backoff,
+    ) -> anyhow::Result<WatchEnd> {
+        let prefix = keys::region_prefix(&self.config.origin);
+        let options =
+            WatchOptions::new().with_prefix().with_start_revision(state.applied + 1).with_progress_notify().with_fragment();
+        let mut stream = self.rpc("start watch", super::target::watcher(local).watch(prefix.as_str(), Some(options))).await?;
+        self.shared.update(|h| h.phase = Phase::Watching);
+
+        let epoch = state.ownership.epoch.ok_or_else(|| anyhow!("watch without ownership"))?;
+        let shards = state.leases.len();
+        let limits = self.limits(state);
+        let stall_after = (self.config.progress_interval * 4).max(self.config.rpc_timeout);
+        let mut pending: VecDeque<Revision> = VecDeque::new();
+        let mut pending_meta: VecDeque<RevisionMeta> = VecDeque::new();
+        let (mut pending_ops, mut pending_bytes) = (0usize, 0usize);
+        let mut split = 0usize;
+        let mut progress_revision = 0i64;
+        let mut fragment_open = false;
+        let mut last_message = Instant::now();
+        let mut inflight: Option<BatchFuture> = None;
+        let mut ticker = tokio::time::interval(self.config.progress_interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+
+        loop {
+            let room = pending_ops < self.config.max_pending_ops && pending_bytes < self.config.max_pending_bytes;
+            tokio::select! {
+                _ = self.cancel.cancelled() => return Ok(WatchEnd::Shutdown),
+                Some(lost) = lost_rx.recv() => {
+                    if let Some(shard) = state.leases.iter().position(|id| *id == lost) {
+                        warn!(lease = lost, shard, "lease lost; its keys are gone from the peer");
+                        // The sync grants its replacement and records it before moving keys.
+                        state.leases[shard] = 0;
+                        return Ok(WatchEnd::Resync(ResyncCause::LeaseLost));
+                    }
+                }
+                result = async { inflight.as_mut().expect("guarded").await }, if inflight.is_some() => {
+                    inflight = None;
+                    let (applied, batch) = result?;
+                    if let Applied::Fenced(by) = applied {
+                        return Ok(WatchEnd::Fenced(by));
+                    }
+                    for _ in 0..batch.revisions_consumed {
+                        if let Some(rev) = pending.pop_front() {
+                            pending_ops -= rev.ops.len();
+                        }
+                        if let Some(meta) = pending_meta.pop_front() {
+                            pending_bytes -= meta.bytes;
+                            for (shard, delta) in meta.deltas {
+                                state.keys[shard] = (state.keys[shard] + delta).max(0);
+                            }
+                        }
+                    }
+                    if batch.split_ops_consumed > split && split == 0
+                        && let Some(rev) = pending.front() {
+                        warn!(revision = rev.revision, ops = rev.ops.len(), "a source revision exceeds the peer's Txn limits; applying it in parts");
+                        self.shared.emit(MirrorEvent::RevisionSplit { revision: rev.revision, ops: rev.ops.len() });
+                        self.shared.update(|h| h.split_revisions += 1);
+                    }
+                    split = batch.split_ops_consumed;
+                    state.applied = state.applied.max(batch.applied_through);
+                    backoff.reset();
+                    self.shared.progressed();
+                    let (applied_rev, total) = (state.applied, state.keys.iter().sum::<i64>());
+                    let oldest_pending = pending_meta.front().map(|m| m.received);
+                    self.shared.update(|h| {
+                        h.last_applied_revision = h.last_applied_revision.max(applied_rev);
+                        h.keys = total;
+                        h.txns += 1;
+                        h.ops += batch.ops.len() as u64;
+                        h.pending_since = oldest_pending;
+                    });
+                    if state.keys.iter().any(|n| *n as u64 > self.config.max_keys_per_lease) {
+                        return Ok(WatchEnd::Resync(ResyncCause::Reshard));
+                    }
+                }
+                message = stream.message(), if room => {
+                    let Some(response) = message.context("watching the origin")? else {
+                        anyhow::bail!("the origin closed the watch");
+                    };
+                    last_message = Instant::now();
+                    if response.canceled() {
+                        if response.compact_revision() > 0 {
+                            warn!(compacted = response.compact_revision(), needed = state.applied + 1, "origin compacted past the mirror's revision");
+                            return Ok(WatchEnd::Resync(ResyncCause::Compacted));
+                        }
+                        anyhow::bail!("the origin cancelled the watch: {}", response.cancel_reason());
+                    }
+                    fragment_open = response.0.fragment;
+                    let header_revision = response.header().map(|h| h.revision()).unwrap_or(0);
+                    if response.events().is_empty() {
+                        // A progress notification: every event up to this revision was sent.
+                        if !response.created() {
+                            progress_revision = progress_revision.max(header_revision);
+                        }
+                    } else {
+                        let received = SystemTime::now();
+                        let mut newest = 0;
+                        let (mut found, mut fixed) = (Vec::new(), Vec::new());
+                        for event in response.events() {
+                            let Some(kv) = event.kv() else { continue };
+                            let revision = kv.mod_revision();
+                            newest = revision;
+                            let shard = shard_of(kv.key(), shards);
+                            let (op, delta) = match event.event_type() {
+                                // Version 1: the key was created (or re-created) at this revision.
+                                EventType::Put => (
+                                    MirrorOp::Put { key: kv.key().to_vec(), value: kv.value().to_vec(), shard },
+                                    i64::from(kv.version() == 1),
+                                ),
+                                EventType::Delete => (MirrorOp::Delete { key: kv.key().to_vec() }, -1),
+                            };
+                            let (op, too_large) =
+                                enforce_request_limit(op, self.config.max_request_bytes, RESERVED_REQUEST_BYTES);
+                            match too_large {
+                                Some(o) => found.push(o),
+                                None if state.oversized.contains_key(String::from_utf8_lossy(kv.key()).as_ref()) => {
+                                    fixed.push(String::from_utf8_lossy(kv.key()).into_owned());
+                                }
+                                None => {}
+                            }
+                            let bytes = op.wire_size();
+                            pending_ops += 1;
+                            pending_bytes += bytes;
+                            match pending.back_mut() {
+                                Some(last) if last.revision == revision => {
+                                    last.ops.push(op);
+                                    let meta = pending_meta.back_mut().expect("parallel to pending");
+                                    meta.deltas.push((shard, delta));
+                                    meta.bytes += bytes;
+                                }
+                                _ => {
+                                    pending.push_back(Revision { revision, ops: vec![op] });
+                                    pending_meta.push_back(RevisionMeta { deltas: vec![(shard, delta)], bytes, received });
+                                }
+                            }
+                        }
+                        if !found.is_empty() || !fixed.is_empty() {
+                            self.report_oversized(state, found, fixed);
+                        }
+                        let oldest_pending = pending_meta.front().map(|m| m.received);
+                        self.shared.update(|h| {
+                            h.last_seen_revision = h.last_seen_revision.max(newest);
+                            h.pending_since = oldest_pending;
+                        });
+                    }
+                }
+                _ = ticker.tick() => {
+                    if last_message.elapsed() > stall_after {
+                        anyhow::bail!(
+                            "the origin's watch stalled: no event and no answer to progress requests for {:?}",
+                            last_message.elapsed()
+                        );
+                    }
+                    // Bounded, so that a stalled watch stream cannot stall the loop.
+                    self.rpc("request watch progress", stream.request_progress()).await?;
+                }
+            }
+
+            // Idle and told that nothing is missing up to a revision: the reported watermark
+            // advances, so an idle subtree does not look stale. It is never recorded nor resumed
+            // from: etcd before 3.4.24 and 3.5.8 can send a progress notification ahead of events
+            // still on their way (etcd issue 15220), and a successor would skip them.
+            if inflight.is_none() && pending.is_empty() && progress_revision > state.applied {
+                let watermark = progress_revision;
+                self.shared.update(|h| {
+                    h.last_applied_revision = h.last_applied_revision.max(watermark);
+                    h.last_seen_revision = h.last_seen_revision.max(watermark);
+                    h.pending_since = None;
+                });
+            }
+            // While a fragmented response is incomplete, its last revision may be partial.
+            if inflight.is_none()
+                && !fragment_open
+                && let Some(batch) = next_watch_batch(&pending, split, state.applied, limits)
+            {
+                inflight = Some(self.apply_watch_batch(peer, epoch, batch, state));
+            }
+        }
+    }
+
+    fn apply_watch_batch(&self, peer: &Client, epoch: i64, batch: WatchBatch, state: &State) -> BatchFuture {
+        let bookkeeping = vec![self.progress_op(batch.applied_through.max(state.applied))];
+        let apply = self.apply(peer, epoch, batch.ops.clone(), &state.leases, bookkeeping);
+        Box::pin(async move { apply.await.map(|applied| (applied, batch)) })
+    }
+}

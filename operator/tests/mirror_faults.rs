@@ -1,0 +1,556 @@
+//! The mirror in production's shape: multi-member etcd clusters, cross-region latency through a
+//! fault proxy, large values, TLS with a least-privilege user, restores from backup, a full peer.
+//! Every scenario ends with the peer's copy equal to the origin's subtree, every key on a live
+//! lease the checkpoint names.
+mod support;
+
+use aether_harness::{ClusterOptions, EtcdCluster, EtcdFlavor, EtcdServer, FaultProxy, wait_until};
+use aether_operator::keys;
+use aether_operator::mirror::{self, EtcdTarget, MirrorConfig, MirrorEvent, MirrorHandle, Phase};
+use etcd_client::{Client, EventType, Txn, TxnOp, WatchOptions};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+use support::etcd::*;
+use tokio::sync::mpsc;
+
+const DEADLINE: Duration = Duration::from_secs(90);
+
+fn config(owner: &str) -> MirrorConfig {
+    let mut c = MirrorConfig::new("a", "b", owner);
+    c.lease_ttl_seconds = 6;
+    c.keepalive_interval = Duration::from_secs(2);
+    c.backoff_base = Duration::from_millis(50);
+    c.backoff_cap = Duration::from_secs(1);
+    c.rpc_timeout = Duration::from_secs(3);
+    c.acceptable_pause = Duration::from_secs(3);
+    c.progress_interval = Duration::from_millis(500);
+    c
+}
+
+fn start(config: MirrorConfig, local: EtcdTarget, peer: EtcdTarget) -> (MirrorHandle, mpsc::Receiver<MirrorEvent>) {
+    let (tx, rx) = mpsc::channel(4096);
+    (mirror::spawn(config, local, peer, tx), rx)
+}
+
+async fn wait_health(handle: &MirrorHandle, what: &str, f: impl Fn(&mirror::PeerHealth) -> bool) {
+    let mut rx = handle.subscribe();
+    tokio::time::timeout(DEADLINE, rx.wait_for(|h| f(h)))
+        .await
+        .unwrap_or_else(|_| panic!("{what}: not reached; health: {:?}", handle.health()))
+        .expect("worker alive");
+}
+
+async fn wait_synced(handle: &MirrorHandle) {
+    wait_health(handle, "synced and watching", |h| h.synced && h.phase == Phase::Watching).await;
+}
+
+fn logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("aether_operator=debug")
+        .with_test_writer()
+        .with_ansi(false)
+        .try_init();
+}
+
+/// Counts deletes of the origin's keys on the peer from now on.
+async fn count_peer_deletes(peer: &Client, region: &str) -> Arc<AtomicUsize> {
+    let deletes = Arc::new(AtomicUsize::new(0));
+    let mut watch_client = peer.watch_client();
+    let mut stream = watch_client
+        .watch(keys::region_prefix(region), Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("watch the peer");
+    let counter = deletes.clone();
+    tokio::spawn(async move {
+        while let Ok(Some(resp)) = stream.message().await {
+            let n = resp.events().iter().filter(|e| e.event_type() == EventType::Delete).count();
+            counter.fetch_add(n, Ordering::SeqCst);
+        }
+    });
+    deletes
+}
+
+#[tokio::test]
+async fn a_peer_cluster_losing_its_leader_mid_sync_converges() {
+    logs();
+    let (origin, mut peer) = tokio::try_join!(EtcdServer::start("a"), EtcdCluster::start("b", 3)).unwrap();
+    let mut o = connect(&[origin.endpoint()], None).await;
+    write_keys(&mut o, "a", 0..20_000, "v1").await;
+    let (handle, _events) = start(config("w1"), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain(peer.endpoints()));
+    wait_health(&handle, "the sync has begun writing", |h| h.ops > 0 || h.txns > 0 || h.phase == Phase::Syncing).await;
+    let leader = peer.leader().await.unwrap();
+    peer.kill_member(leader);
+    let started = Instant::now();
+    let survivors: Vec<String> = (0..3).filter(|i| *i != leader).map(|i| peer.members()[i].endpoint()).collect();
+    let p = connect(&survivors, None).await;
+    converged(&o, &p, "a", DEADLINE).await;
+    eprintln!("converged {:?} after the peer's leader was killed; health {:?}", started.elapsed(), handle.health());
+    // The member comes back; writes keep flowing.
+    peer.restart_member(leader).await.unwrap();
+    write_keys(&mut o, "a", 20_000..20_100, "v2").await;
+    converged(&o, &p, "a", DEADLINE).await;
+    handle.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_origin_cluster_losing_its_leader_mid_watch_converges() {
+    let (mut origin, peer) = tokio::try_join!(EtcdCluster::start("a", 3), EtcdServer::start("b")).unwrap();
+    let mut o = connect(&origin.endpoints(), None).await;
+    write_keys(&mut o, "a", 0..500, "v1").await;
+    let (handle, _events) = start(config("w1"), EtcdTarget::plain(origin.endpoints()), EtcdTarget::plain([peer.endpoint()]));
+    wait_synced(&handle).await;
+    let leader = origin.leader().await.unwrap();
+    origin.kill_member(leader);
+    let survivors: Vec<String> = (0..3).filter(|i| *i != leader).map(|i| origin.members()[i].endpoint()).collect();
+    let mut o = connect(&survivors, None).await;
+    write_keys(&mut o, "a", 0..800, "v2").await;
+    let p = connect(&[peer.endpoint()], None).await;
+    converged(&o, &p, "a", DEADLINE).await;
+    handle.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_handoff_with_256_leases_at_100ms_rtt_deletes_nothing() {
+    logs();
+    let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("b")).unwrap();
+    let proxy = FaultProxy::start(peer.client_addr()).await.unwrap();
+    proxy.set_rtt(Duration::from_millis(100));
+    let mut o = connect(&[origin.endpoint()], None).await;
+    write_keys(&mut o, "a", 0..200, "v1").await;
+    let mut cfg = config("w1");
+    cfg.lease_ttl_seconds = 10;
+    cfg.keepalive_interval = Duration::from_secs(3);
+    cfg.max_keys_per_lease = 2;
+    let peer_target = EtcdTarget::plain([proxy.endpoint("http")]);
+    let (old, _e1) = start(cfg.clone(), EtcdTarget::plain([origin.endpoint()]), peer_target.clone());
+    wait_synced(&old).await;
+    let p = connect(&[peer.endpoint()], None).await;
+    let leases = checkpoint(&mut p.clone(), "a").await.expect("checkpoint").leases;
+    assert!(leases.len() >= 256, "{} leases", leases.len());
+    let deletes = count_peer_deletes(&p, "a").await;
+
+    old.shutdown().await;
+    cfg.owner_id = "w2".into();
+    let started = Instant::now();
+    let (new, mut events) = start(cfg.clone(), EtcdTarget::plain([origin.endpoint()]), peer_target);
+    wait_synced(&new).await;
+    eprintln!("successor watching {:?} after the handoff", started.elapsed());
+    let mut adopted = false;
+    while let Ok(e) = events.try_recv() {
+        adopted |= matches!(e, MirrorEvent::LeasesAdopted { .. });
+    }
+    assert!(adopted, "the successor adopts the leases");
+    // Past a full TTL: nothing lapsed, nothing was deleted.
+    write_keys(&mut o, "a", 0..10, "v2").await;
+    converged(&o, &p, "a", DEADLINE).await;
+    tokio::time::sleep_until((started + Duration::from_secs(cfg.lease_ttl_seconds as u64 + 2)).into()).await;
+    converged(&o, &p, "a", Duration::from_secs(1)).await;
+    assert_eq!(deletes.load(Ordering::SeqCst), 0, "no key was deleted on the peer during the handoff");
+    new.shutdown().await;
+}
+
+#[tokio::test]
+async fn mebibyte_values_sync_overwrite_and_resume_behind_several() {
+    let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("b")).unwrap();
+    let mut o = connect(&[origin.endpoint()], None).await;
+    const MIB: usize = 1 << 20;
+    for i in 0..12 {
+        o.put(endpoint_key("a", i), large_value("a", i, "v1", MIB), None).await.unwrap();
+    }
+    write_keys(&mut o, "a", 100..400, "small").await;
+    let (handle, _e) = start(config("w1"), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([peer.endpoint()]));
+    let p = connect(&[peer.endpoint()], None).await;
+    converged(&o, &p, "a", DEADLINE).await;
+
+    // Overwrites through the watch, one revision of three of them together.
+    for i in 0..6 {
+        o.put(endpoint_key("a", i), large_value("a", i, "v2", MIB), None).await.unwrap();
+    }
+    let ops: Vec<TxnOp> = (6..9).map(|i| TxnOp::put(endpoint_key("a", i), large_value("a", i, "v2", MIB), None)).collect();
+    o.txn(Txn::new().and_then(ops)).await.unwrap();
+    converged(&o, &p, "a", DEADLINE).await;
+
+    // The worker stops; the origin moves on by several mebibytes; a successor resumes behind them.
+    handle.shutdown().await;
+    for i in 0..12 {
+        o.put(endpoint_key("a", i), large_value("a", i, "v3", MIB), None).await.unwrap();
+    }
+    let (handle, _e) = start(config("w2"), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([peer.endpoint()]));
+    converged(&o, &p, "a", DEADLINE).await;
+    let h = handle.health();
+    assert_eq!(h.last_error, None, "no error on the way: {h:?}");
+    handle.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_value_larger_than_the_peer_accepts_is_reported_and_the_rest_flows() {
+    let (origin, peer) = tokio::try_join!(
+        EtcdServer::start_with("a", EtcdFlavor::from_env(), &["--max-request-bytes", "4194304"]),
+        EtcdServer::start("b")
+    )
+    .unwrap();
+    let mut o = connect(&[origin.endpoint()], None).await;
+    write_keys(&mut o, "a", 0..100, "v1").await;
+    let too_big = endpoint_key("a", 7);
+    o.put(too_big.as_str(), large_value("a", 7, "huge", 2 << 20), None).await.unwrap();
+    let (handle, mut events) =
+        start(config("w1"), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([peer.endpoint()]));
+    wait_health(&handle, "the oversized value is reported", |h| h.oversized.iter().any(|(k, _)| k == &too_big)).await;
+    // Everything else arrives, and keeps arriving.
+    write_keys(&mut o, "a", 100..150, "v2").await;
+    let mut p = connect(&[peer.endpoint()], None).await;
+    wait_until("the rest mirrored", DEADLINE, || {
+        let (mut o, mut p) = (o.clone(), p.clone());
+        let too_big = too_big.clone();
+        async move {
+            let mut ov = values(&mut o, &keys::region_prefix("a")).await;
+            ov.remove(too_big.as_bytes());
+            Ok(ov == values(&mut p, &keys::region_prefix("a")).await)
+        }
+    })
+    .await
+    .unwrap();
+    assert!(p.get(too_big.as_str(), None).await.unwrap().kvs().is_empty(), "no stale copy of it stays");
+    let mut reported = false;
+    while let Ok(e) = events.try_recv() {
+        reported |= matches!(&e, MirrorEvent::ValueTooLarge { key, bytes } if key == &too_big && *bytes > 2 << 20);
+    }
+    assert!(reported, "an event names the key and its size");
+    // Once it shrinks, it is mirrored and the report clears.
+    o.put(too_big.as_str(), endpoint_value("a", 7, "fits"), None).await.unwrap();
+    converged(&o, &p, "a", DEADLINE).await;
+    wait_health(&handle, "the report clears", |h| h.oversized.is_empty()).await;
+    handle.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_least_privilege_user_over_mtls_mirrors_into_a_three_member_peer() {
+    let (origin, peer) = tokio::try_join!(
+        EtcdServer::start("a"),
+        EtcdCluster::start_with("b", ClusterOptions::new(3).with_tls())
+    )
+    .unwrap();
+    let mut o = connect(&[origin.endpoint()], None).await;
+    write_keys(&mut o, "a", 0..1000, "v1").await;
+    let root_tls = tls_for(&peer, "root");
+    let mut admin = connect(&peer.endpoints(), Some(etcd_client::ConnectOptions::new().with_tls(root_tls.clone()))).await;
+    enable_auth_with_mirror_user(&mut admin, "a", "mirrorpw").await;
+
+    let peer_target =
+        EtcdTarget::plain(peer.endpoints()).with_tls(tls_for(&peer, "mirror-a")).with_user("mirror-a", "mirrorpw");
+    let (handle, _e) = start(config("w1"), EtcdTarget::plain([origin.endpoint()]), peer_target.clone());
+    let root = connect(
+        &peer.endpoints(),
+        Some(etcd_client::ConnectOptions::new().with_tls(root_tls).with_user("root", "rootpw")),
+    )
+    .await;
+    converged(&o, &root, "a", DEADLINE).await;
+    write_keys(&mut o, "a", 500..1200, "v2").await;
+    converged(&o, &root, "a", DEADLINE).await;
+
+    // The user can write nothing outside the origin's subtree and bookkeeping.
+    let mut confined = peer_target.connect().await.unwrap();
+    let refused = confined.put(endpoint_key("b", 1), "x", None).await;
+    assert!(refused.is_err_and(|e| e.to_string().contains("permission denied")));
+    handle.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_blackhole_shorter_than_the_ttl_loses_nothing() {
+    let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("b")).unwrap();
+    let proxy = FaultProxy::start(peer.client_addr()).await.unwrap();
+    proxy.set_rtt(Duration::from_millis(50));
+    let mut o = connect(&[origin.endpoint()], None).await;
+    write_keys(&mut o, "a", 0..300, "v1").await;
+    let cfg = config("w1");
+    let (handle, _e) = start(cfg.clone(), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([proxy.endpoint("http")]));
+    wait_synced(&handle).await;
+    let p = connect(&[peer.endpoint()], None).await;
+    let deletes = count_peer_deletes(&p, "a").await;
+
+    proxy.set_blackhole(true);
+    write_keys(&mut o, "a", 0..50, "during").await;
+    tokio::time::sleep(Duration::from_secs(cfg.lease_ttl_seconds as u64 / 2)).await; // the outage itself
+    proxy.set_blackhole(false);
+    converged(&o, &p, "a", DEADLINE).await;
+    assert_eq!(deletes.load(Ordering::SeqCst), 0, "nothing lapsed in an outage shorter than the TTL");
+    handle.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_blackhole_longer_than_twice_the_ttl_lapses_the_mirror_and_it_recovers() {
+    let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("b")).unwrap();
+    let proxy = FaultProxy::start(peer.client_addr()).await.unwrap();
+    proxy.set_rtt(Duration::from_millis(50));
+    let mut o = connect(&[origin.endpoint()], None).await;
+    write_keys(&mut o, "a", 0..300, "v1").await;
+    let cfg = config("w1");
+    let (handle, _e) = start(cfg.clone(), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([proxy.endpoint("http")]));
+    wait_synced(&handle).await;
+    let mut p = connect(&[peer.endpoint()], None).await;
+
+    proxy.set_blackhole(true);
+    // The origin's heartbeat no longer reaches the peer: the mirror lapses there, as designed.
+    wait_until("the mirror lapses on the peer", DEADLINE, || {
+        let mut p = p.clone();
+        async move { Ok(values(&mut p, &keys::region_prefix("a")).await.is_empty()) }
+    })
+    .await
+    .unwrap();
+    wait_health(&handle, "the peer is reported unreachable", |h| !h.reachable).await;
+    write_keys(&mut o, "a", 300..350, "during").await;
+    proxy.set_blackhole(false);
+    converged(&o, &p, "a", DEADLINE).await;
+    wait_health(&handle, "reachable again", |h| h.reachable).await;
+    let _ = p.status().await;
+    handle.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_peer_restored_from_a_backup_is_repaired() {
+    let (origin, mut peer) =
+        tokio::try_join!(EtcdServer::start("a"), EtcdServer::start_with("b", EtcdFlavor::Default, &[])).unwrap();
+    let mut o = connect(&[origin.endpoint()], None).await;
+    write_keys(&mut o, "a", 0..300, "v1").await;
+    let (handle, _e) = start(config("w1"), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([peer.endpoint()]));
+    wait_synced(&handle).await;
+    let dir = tempfile::tempdir().unwrap();
+    let backup = dir.path().join("peer.db");
+    peer.snapshot_save(&backup).unwrap();
+    // After the backup: changes and deletes that the restore will undo on the peer.
+    write_keys(&mut o, "a", 0..100, "v2").await;
+    for i in 200..250 {
+        o.delete(endpoint_key("a", i), None).await.unwrap();
+    }
+    let p = connect(&[peer.endpoint()], None).await;
+    converged(&o, &p, "a", DEADLINE).await;
+
+    peer.restore(&backup, None).await.unwrap();
+    let p = connect(&[peer.endpoint()], None).await;
+    converged(&o, &p, "a", DEADLINE).await;
+    handle.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_origin_restored_from_a_backup_is_mirrored_as_restored() {
+    let (mut origin, peer) =
+        tokio::try_join!(EtcdServer::start_with("a", EtcdFlavor::Default, &[]), EtcdServer::start("b")).unwrap();
+    let mut o = connect(&[origin.endpoint()], None).await;
+    write_keys(&mut o, "a", 0..300, "v1").await;
+    let (handle, _e) = start(config("w1"), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([peer.endpoint()]));
+    wait_synced(&handle).await;
+    let dir = tempfile::tempdir().unwrap();
+    let backup = dir.path().join("origin.db");
+    origin.snapshot_save(&backup).unwrap();
+    // Many revisions after the backup, so that the restored origin's revision is far behind.
+    write_keys(&mut o, "a", 300..2300, "after-backup").await;
+    let p = connect(&[peer.endpoint()], None).await;
+    converged(&o, &p, "a", DEADLINE).await;
+
+    // Restored without --bump-revision: its revisions start over below what the mirror applied.
+    origin.restore(&backup, None).await.unwrap();
+    let mut o = connect(&[origin.endpoint()], None).await;
+    write_keys(&mut o, "a", 5000..5010, "after-restore").await;
+    converged(&o, &p, "a", DEADLINE).await;
+    handle.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_full_peer_backs_off_instead_of_spinning_and_recovers_after_disarm() {
+    let (origin, peer) = tokio::try_join!(
+        EtcdServer::start("a"),
+        EtcdServer::start_with("b", EtcdFlavor::from_env(), &["--quota-backend-bytes", "16777216"])
+    )
+    .unwrap();
+    let mut o = connect(&[origin.endpoint()], None).await;
+    write_keys(&mut o, "a", 0..100, "v1").await;
+    let (handle, _e) = start(config("w1"), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([peer.endpoint()]));
+    wait_synced(&handle).await;
+
+    // Someone fills the peer until its quota alarm goes off.
+    let mut p = connect(&[peer.endpoint()], None).await;
+    let junk = "j".repeat(1 << 20);
+    for i in 0..64 {
+        if p.put(format!("/junk/{i}"), junk.as_str(), None).await.is_err() {
+            break;
+        }
+    }
+    write_keys(&mut o, "a", 100..200, "v2").await;
+    wait_health(&handle, "NOSPACE reported", |h| h.last_error.as_deref().is_some_and(|e| e.contains("space"))).await;
+    let before = handle.health().session_failures;
+    tokio::time::sleep(Duration::from_secs(4)).await; // the window in which retries are counted
+    let failures = handle.health().session_failures - before;
+    // Backoff 50 ms doubling to 1 s: about 6 attempts in 4 s; a spin would make dozens.
+    assert!(failures <= 10, "{failures} failed sessions in 4 s: the worker spins");
+
+    p.delete("/junk/", Some(etcd_client::DeleteOptions::new().with_prefix())).await.unwrap();
+    let rev = p.status().await.unwrap().header().unwrap().revision();
+    p.compact(rev, Some(etcd_client::CompactionOptions::new().with_physical())).await.unwrap();
+    p.defragment().await.unwrap();
+    p.alarm(etcd_client::AlarmAction::Deactivate, etcd_client::AlarmType::Nospace, None).await.unwrap();
+    converged(&o, &p, "a", DEADLINE).await;
+    wait_health(&handle, "the error clears once it applies again", |h| h.last_error.is_none()).await;
+    handle.shutdown().await;
+}
+
+#[tokio::test]
+async fn each_session_fences_the_late_txns_of_its_predecessors() {
+    let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("b")).unwrap();
+    let proxy = FaultProxy::start(peer.client_addr()).await.unwrap();
+    let mut o = connect(&[origin.endpoint()], None).await;
+    write_keys(&mut o, "a", 0..50, "v1").await;
+    let (handle, _e) = start(config("w1"), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([proxy.endpoint("http")]));
+    wait_synced(&handle).await;
+    let mut p = connect(&[peer.endpoint()], None).await;
+    let owner_revision = |mut p: Client| async move {
+        p.get(keys::owner_key("a"), None).await.unwrap().kvs()[0].mod_revision()
+    };
+    let first_epoch = owner_revision(p.clone()).await;
+
+    // The session's connections break; the next session takes a new epoch.
+    proxy.reset_connections();
+    wait_until("a new session epoch", DEADLINE, || {
+        let p = p.clone();
+        async move { Ok(owner_revision(p).await > first_epoch) }
+    })
+    .await
+    .unwrap();
+    write_keys(&mut o, "a", 0..50, "v2").await;
+    converged(&o, &p, "a", DEADLINE).await;
+
+    // A Txn of the first session arriving late (as a batch carries it) cannot land.
+    let late = Txn::new()
+        .when([etcd_client::Compare::mod_revision(keys::owner_key("a"), etcd_client::CompareOp::Equal, first_epoch)])
+        .and_then([TxnOp::put(endpoint_key("a", 1), endpoint_value("a", 1, "v1"), None)]);
+    assert!(!p.txn(late).await.unwrap().succeeded(), "a late Txn of an earlier session is fenced");
+    converged(&o, &p, "a", Duration::from_secs(5)).await;
+    handle.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_fenced_worker_whose_successor_never_comes_takes_over_again() {
+    let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("b")).unwrap();
+    let mut o = connect(&[origin.endpoint()], None).await;
+    write_keys(&mut o, "a", 0..200, "v1").await;
+    let cfg = config("w1");
+    let (handle, _e) = start(cfg.clone(), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([peer.endpoint()]));
+    wait_synced(&handle).await;
+    let mut p = connect(&[peer.endpoint()], None).await;
+    let deletes = count_peer_deletes(&p, "a").await;
+
+    // Someone overwrites the owner record, and nobody ever takes over.
+    let owner = serde_json::json!({"owner": "ghost", "acquiredAt": "2026-01-01T00:00:00Z", "generation": 1_000_000});
+    p.put(keys::owner_key("a"), owner.to_string(), None).await.unwrap();
+    write_keys(&mut o, "a", 0..20, "v2").await;
+    wait_health(&handle, "fenced", |h| h.phase == Phase::Fenced).await;
+    // The worker keeps the leases alive, notices nobody took over, and resumes.
+    wait_synced(&handle).await;
+    converged(&o, &p, "a", DEADLINE).await;
+    assert_eq!(deletes.load(Ordering::SeqCst), 0, "the mirror never lapsed");
+    let _ = p.status().await;
+    handle.shutdown().await;
+}
+
+#[tokio::test]
+async fn bookkeeping_per_watch_batch_is_small_and_constant() {
+    let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("b")).unwrap();
+    let mut o = connect(&[origin.endpoint()], None).await;
+    write_keys(&mut o, "a", 0..1000, "v1").await;
+    let mut cfg = config("w1");
+    cfg.max_keys_per_lease = 16; // 128 leases
+    let (handle, _e) = start(cfg, EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([peer.endpoint()]));
+    wait_synced(&handle).await;
+    let mut p = connect(&[peer.endpoint()], None).await;
+    let layout_revision = p.get(keys::checkpoint_key("a"), None).await.unwrap().kvs()[0].mod_revision();
+    for i in 0..20 {
+        o.put(endpoint_key("a", i), endpoint_value("a", i, "v2"), None).await.unwrap();
+    }
+    converged(&o, &p, "a", DEADLINE).await;
+    let progress = p.get(keys::progress_key("a"), None).await.unwrap();
+    let progress = progress.kvs().first().expect("a progress record");
+    assert!(progress.value().len() <= 160, "progress record of {} bytes", progress.value().len());
+    assert!(progress.mod_revision() > layout_revision, "each batch records its progress");
+    let layout = p.get(keys::checkpoint_key("a"), None).await.unwrap();
+    assert_eq!(layout.kvs()[0].mod_revision(), layout_revision, "the lease layout is not rewritten per batch");
+    handle.shutdown().await;
+}
+
+#[tokio::test]
+async fn lag_keeps_growing_while_the_peer_is_down_and_a_stalled_origin_watch_is_noticed() {
+    let (origin, mut peer) = tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("b")).unwrap();
+    let origin_proxy = FaultProxy::start(origin.client_addr()).await.unwrap();
+    let mut o = connect(&[origin.endpoint()], None).await;
+    write_keys(&mut o, "a", 0..100, "v1").await;
+    let (handle, _e) =
+        start(config("w1"), EtcdTarget::plain([origin_proxy.endpoint("http")]), EtcdTarget::plain([peer.endpoint()]));
+    wait_synced(&handle).await;
+
+    peer.kill();
+    write_keys(&mut o, "a", 0..10, "v2").await;
+    wait_health(&handle, "lag above 3 s while the peer is down", |h| {
+        h.lag_seconds(std::time::SystemTime::now()) > 3.0
+    })
+    .await;
+    peer.restart().await.unwrap();
+    let p = connect(&[peer.endpoint()], None).await;
+    converged(&o, &p, "a", DEADLINE).await;
+    wait_health(&handle, "lag back to 0", |h| h.pending_since.is_none()).await;
+
+    // The origin stops answering (a stalled watch): not "Watching, lag 0".
+    origin_proxy.set_blackhole(true);
+    wait_health(&handle, "a stalled watch is reported", |h| {
+        h.phase != Phase::Watching && h.lag_seconds(std::time::SystemTime::now()) > 1.0
+    })
+    .await;
+    origin_proxy.set_blackhole(false);
+    write_keys(&mut o, "a", 0..10, "v3").await;
+    converged(&o, &p, "a", DEADLINE).await;
+    handle.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_canary_says_resyncing_while_a_resync_runs() {
+    let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("b")).unwrap();
+    let mut o = connect(&[origin.endpoint()], None).await;
+    write_keys(&mut o, "a", 0..100, "v1").await;
+    let (handle, mut events) =
+        start(config("w1"), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([peer.endpoint()]));
+    wait_synced(&handle).await;
+    let mut p = connect(&[peer.endpoint()], None).await;
+    let canary = |mut p: Client| async move {
+        let resp = p.get(keys::canary_key("a"), None).await.unwrap();
+        resp.kvs().first().map(|kv| serde_json::from_slice::<serde_json::Value>(kv.value()).unwrap())
+    };
+    assert_eq!(canary(p.clone()).await.expect("canary")["synced"], true);
+    // A lease is lost: its keys are gone, and the canary must not claim a complete copy.
+    let lease = checkpoint(&mut p, "a").await.unwrap().leases[0];
+    let mut watch_client = p.watch_client();
+    let mut canary_watch =
+        watch_client.watch(keys::canary_key("a"), Some(WatchOptions::new().with_prev_key())).await.unwrap();
+    p.lease_revoke(lease).await.unwrap();
+    let mut saw_unsynced = false;
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while !saw_unsynced {
+        let msg = tokio::time::timeout_at(deadline, canary_watch.message()).await.expect("canary changes").unwrap();
+        for e in msg.expect("watch open").events() {
+            if let Some(kv) = e.kv().filter(|_| e.event_type() == EventType::Put) {
+                let v: serde_json::Value = serde_json::from_slice(kv.value()).unwrap();
+                saw_unsynced |= v["synced"] == false;
+            }
+        }
+    }
+    converged(&o, &p, "a", DEADLINE).await;
+    wait_until("canary synced again", DEADLINE, || {
+        let p = p.clone();
+        async move { Ok(canary(p).await.is_some_and(|c| c["synced"] == true)) }
+    })
+    .await
+    .unwrap();
+    let mut resynced = false;
+    while let Ok(e) = events.try_recv() {
+        resynced |= matches!(e, MirrorEvent::ResyncStarted { cause: mirror::ResyncCause::LeaseLost });
+    }
+    assert!(resynced);
+    handle.shutdown().await;
+}

@@ -1,0 +1,153 @@
+//! Helpers for tests of the mirror against real etcd: registry keys and values, reading a
+//! subtree, and the checks every fault scenario ends with.
+use aether_harness::EtcdCluster;
+use aether_operator::keys;
+use aether_operator::mirror::checkpoint::Checkpoint;
+use etcd_client::{Client, ConnectOptions, GetOptions, Txn, TxnOp};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+pub async fn connect(endpoints: &[String], options: Option<ConnectOptions>) -> Client {
+    Client::connect(endpoints, options).await.expect("connect")
+}
+
+pub fn endpoint_key(region: &str, i: usize) -> String {
+    format!(
+        "{}clusters/c{}/services/svc{}/protocols/tcp/endpoints/10.0.{}.{}",
+        keys::region_prefix(region),
+        i % 3,
+        i % 50,
+        i / 250,
+        i % 250
+    )
+}
+
+pub fn endpoint_value(region: &str, i: usize, version: &str) -> String {
+    format!(
+        r#"{{"clusterName":"c{}","region":"{region}","zone":"z1","address":"10.0.{}.{}","port":8080,"version":"{version}"}}"#,
+        i % 3,
+        i / 250,
+        i % 250
+    )
+}
+
+/// A value of about `bytes` bytes (an endpoint with a large metadata blob).
+pub fn large_value(region: &str, i: usize, version: &str, bytes: usize) -> String {
+    let base = endpoint_value(region, i, version);
+    let pad = bytes.saturating_sub(base.len() + 16);
+    format!(r#"{{"meta":"{}","endpoint":{base}}}"#, "x".repeat(pad))
+}
+
+/// key -> (value, lease) under a prefix, read page by page (values may be large).
+pub async fn subtree(c: &mut Client, prefix: &str) -> BTreeMap<Vec<u8>, (Vec<u8>, i64)> {
+    let end = keys::prefix_range_end(prefix.as_bytes());
+    let mut out = BTreeMap::new();
+    let mut from = prefix.as_bytes().to_vec();
+    loop {
+        let mut kv = c.kv_client().max_decoding_message_size(256 << 20);
+        let resp = kv.get(from.clone(), Some(GetOptions::new().with_range(end.clone()).with_limit(50))).await;
+        let resp = resp.expect("range");
+        for kv in resp.kvs() {
+            out.insert(kv.key().to_vec(), (kv.value().to_vec(), kv.lease()));
+        }
+        match resp.kvs().last() {
+            Some(last) if resp.more() => {
+                from = last.key().to_vec();
+                from.push(0);
+            }
+            _ => return out,
+        }
+    }
+}
+
+/// key -> value under a prefix.
+pub async fn values(c: &mut Client, prefix: &str) -> BTreeMap<Vec<u8>, Vec<u8>> {
+    subtree(c, prefix).await.into_iter().map(|(k, (v, _))| (k, v)).collect()
+}
+
+pub async fn write_keys(c: &mut Client, region: &str, range: std::ops::Range<usize>, version: &str) {
+    let keys: Vec<usize> = range.collect();
+    for chunk in keys.chunks(100) {
+        let ops: Vec<TxnOp> = chunk
+            .iter()
+            .map(|i| TxnOp::put(endpoint_key(region, *i), endpoint_value(region, *i, version), None))
+            .collect();
+        c.txn(Txn::new().and_then(ops)).await.expect("origin txn");
+    }
+}
+
+/// The checkpoint the origin's worker keeps on the peer.
+pub async fn checkpoint(peer: &mut Client, origin: &str) -> Option<Checkpoint> {
+    let resp = peer.get(keys::checkpoint_key(origin), None).await.ok()?;
+    resp.kvs().first().and_then(|kv| Checkpoint::decode(kv.value()))
+}
+
+/// Describes how the peer's copy differs from the origin's subtree, or None when it is equal and
+/// every peer key sits on a live lease that the checkpoint names.
+pub async fn difference(origin: &mut Client, peer: &mut Client, region: &str) -> Option<String> {
+    let prefix = keys::region_prefix(region);
+    let ov = values(origin, &prefix).await;
+    let pv = subtree(peer, &prefix).await;
+    let missing = ov.keys().filter(|k| !pv.contains_key(*k)).count();
+    let extra = pv.keys().filter(|k| !ov.contains_key(*k)).count();
+    let stale = ov.iter().filter(|(k, v)| pv.get(*k).is_some_and(|(pv, _)| pv != *v)).count();
+    if missing + extra + stale > 0 {
+        return Some(format!("{missing} missing, {extra} extra, {stale} stale of {} keys", ov.len()));
+    }
+    let Some(cp) = checkpoint(peer, region).await else {
+        return Some("no checkpoint on the peer".into());
+    };
+    let off_lease = pv.values().filter(|(_, lease)| !cp.leases.contains(lease)).count();
+    if off_lease > 0 {
+        return Some(format!("{off_lease} keys on leases the checkpoint does not name"));
+    }
+    for id in cp.leases.iter().filter(|id| **id != 0) {
+        let alive = peer.lease_time_to_live(*id, None).await.map(|r| r.ttl() > 0).unwrap_or(false);
+        if !alive {
+            return Some(format!("lease {id} named by the checkpoint is not alive"));
+        }
+    }
+    None
+}
+
+/// Waits until the peer's copy equals the origin's subtree, every key on a live checkpoint lease.
+pub async fn converged(origin: &Client, peer: &Client, region: &str, deadline: Duration) {
+    let start = std::time::Instant::now();
+    loop {
+        let (mut o, mut p) = (origin.clone(), peer.clone());
+        let Some(difference) = difference(&mut o, &mut p, region).await else { return };
+        if start.elapsed() > deadline {
+            panic!("peer != origin after {deadline:?}: {difference}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// On a peer with auth off: a root user, and the least-privilege user `mirror-<origin>` with
+/// read-write on the origin's subtree and bookkeeping only (what hack/etcd-mirror-role.sh does);
+/// then auth on.
+pub async fn enable_auth_with_mirror_user(admin: &mut Client, origin: &str, password: &str) {
+    admin.user_add("root", "rootpw", None).await.expect("root user");
+    admin.user_grant_role("root", "root").await.expect("root role");
+    let user = format!("mirror-{origin}");
+    admin.role_add(user.as_str()).await.expect("role");
+    for prefix in [keys::region_prefix(origin), keys::federation_prefix(origin)] {
+        let perm = etcd_client::Permission::read_write(prefix.as_str()).with_prefix();
+        admin.role_grant_permission(user.as_str(), perm).await.expect("grant");
+    }
+    admin.user_add(user.as_str(), password, None).await.expect("user");
+    admin.user_grant_role(user.as_str(), user.as_str()).await.expect("user role");
+    admin.auth_enable().await.expect("auth enable");
+}
+
+/// TLS options for a client of a TLS cluster, with a client certificate for `user`.
+pub fn tls_for(cluster: &EtcdCluster, user: &str) -> etcd_client::TlsOptions {
+    let ca = std::fs::read(cluster.ca_cert().expect("a TLS cluster")).expect("read CA");
+    let cert = cluster.client_cert(user).expect("client cert");
+    etcd_client::TlsOptions::new()
+        .ca_certificate(etcd_client::Certificate::from_pem(ca))
+        .identity(etcd_client::Identity::from_pem(
+            std::fs::read(&cert.cert).expect("cert"),
+            std::fs::read(&cert.key).expect("key"),
+        ))
+}
