@@ -16,10 +16,10 @@ mod tools;
 pub use apiserver::{KubeApiserver, client_from_kubeconfig};
 pub use cluster::{ClusterOptions, EtcdCluster};
 pub use etcd::{EtcdFlavor, EtcdServer, ServerTls};
-pub use pki::CertFiles;
-pub use proxy::{FaultProxy, Faults};
 pub use kube_setup::{ensure_namespace, install_crds};
+pub use pki::CertFiles;
 pub use process::{Managed as ManagedProcess, free_port, wait_until};
+pub use proxy::{FaultProxy, Faults};
 pub use region::Region;
 pub use tools::{tool_path, tools_bin_dir};
 

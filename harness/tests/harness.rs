@@ -46,8 +46,7 @@ async fn a_three_member_cluster_serves_with_its_leader_killed_and_takes_it_back(
     let leader = cluster.leader().await?;
     cluster.kill_member(leader);
     // The two that are left elect a leader and keep serving through their own endpoints.
-    let survivors: Vec<String> =
-        (0..3).filter(|i| *i != leader).map(|i| cluster.members()[i].endpoint()).collect();
+    let survivors: Vec<String> = (0..3).filter(|i| *i != leader).map(|i| cluster.members()[i].endpoint()).collect();
     let new_leader = cluster.leader().await?;
     assert_ne!(new_leader, leader);
     let mut client = etcd_client::Client::connect(survivors, None).await?;

@@ -77,7 +77,8 @@ async fn a_peer_cluster_losing_its_leader_mid_sync_converges() {
     let (origin, mut peer) = tokio::try_join!(EtcdServer::start("a"), EtcdCluster::start("b", 3)).unwrap();
     let mut o = connect(&[origin.endpoint()], None).await;
     write_keys(&mut o, "a", 0..20_000, "v1").await;
-    let (handle, _events) = start(config("w1"), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain(peer.endpoints()));
+    let (handle, _events) =
+        start(config("w1"), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain(peer.endpoints()));
     wait_health(&handle, "the sync has begun writing", |h| h.ops > 0 || h.txns > 0 || h.phase == Phase::Syncing).await;
     let leader = peer.leader().await.unwrap();
     peer.kill_member(leader);
@@ -98,13 +99,30 @@ async fn an_origin_cluster_losing_its_leader_mid_watch_converges() {
     let (mut origin, peer) = tokio::try_join!(EtcdCluster::start("a", 3), EtcdServer::start("b")).unwrap();
     let mut o = connect(&origin.endpoints(), None).await;
     write_keys(&mut o, "a", 0..500, "v1").await;
-    let (handle, _events) = start(config("w1"), EtcdTarget::plain(origin.endpoints()), EtcdTarget::plain([peer.endpoint()]));
+    let (handle, _events) =
+        start(config("w1"), EtcdTarget::plain(origin.endpoints()), EtcdTarget::plain([peer.endpoint()]));
     wait_synced(&handle).await;
     let leader = origin.leader().await.unwrap();
     origin.kill_member(leader);
+    origin.leader().await.unwrap();
     let survivors: Vec<String> = (0..3).filter(|i| *i != leader).map(|i| origin.members()[i].endpoint()).collect();
-    let mut o = connect(&survivors, None).await;
-    write_keys(&mut o, "a", 0..800, "v2").await;
+    let o = connect(&survivors, None).await;
+    // The registrar retries what the election interrupted; so does this writer.
+    wait_until("writes after the election", DEADLINE, || {
+        let mut o = o.clone();
+        async move {
+            for chunk in (0..800usize).collect::<Vec<_>>().chunks(100) {
+                let ops: Vec<TxnOp> = chunk
+                    .iter()
+                    .map(|i| TxnOp::put(endpoint_key("a", *i), endpoint_value("a", *i, "v2"), None))
+                    .collect();
+                o.txn(Txn::new().and_then(ops)).await?;
+            }
+            Ok(true)
+        }
+    })
+    .await
+    .unwrap();
     let p = connect(&[peer.endpoint()], None).await;
     converged(&o, &p, "a", DEADLINE).await;
     handle.shutdown().await;
@@ -152,14 +170,21 @@ async fn a_handoff_with_256_leases_at_100ms_rtt_deletes_nothing() {
 
 #[tokio::test]
 async fn mebibyte_values_sync_overwrite_and_resume_behind_several() {
-    let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("b")).unwrap();
+    // The origin takes larger requests than the peer (etcd's default 1.5 MiB), so that one of its
+    // revisions can carry more than a peer Txn may.
+    let (origin, peer) = tokio::try_join!(
+        EtcdServer::start_with("a", EtcdFlavor::from_env(), &["--max-request-bytes", "8388608"]),
+        EtcdServer::start("b")
+    )
+    .unwrap();
     let mut o = connect(&[origin.endpoint()], None).await;
     const MIB: usize = 1 << 20;
     for i in 0..12 {
         o.put(endpoint_key("a", i), large_value("a", i, "v1", MIB), None).await.unwrap();
     }
     write_keys(&mut o, "a", 100..400, "small").await;
-    let (handle, _e) = start(config("w1"), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([peer.endpoint()]));
+    let (handle, _e) =
+        start(config("w1"), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([peer.endpoint()]));
     let p = connect(&[peer.endpoint()], None).await;
     converged(&o, &p, "a", DEADLINE).await;
 
@@ -167,7 +192,8 @@ async fn mebibyte_values_sync_overwrite_and_resume_behind_several() {
     for i in 0..6 {
         o.put(endpoint_key("a", i), large_value("a", i, "v2", MIB), None).await.unwrap();
     }
-    let ops: Vec<TxnOp> = (6..9).map(|i| TxnOp::put(endpoint_key("a", i), large_value("a", i, "v2", MIB), None)).collect();
+    let ops: Vec<TxnOp> =
+        (6..9).map(|i| TxnOp::put(endpoint_key("a", i), large_value("a", i, "v2", MIB), None)).collect();
     o.txn(Txn::new().and_then(ops)).await.unwrap();
     converged(&o, &p, "a", DEADLINE).await;
 
@@ -176,7 +202,8 @@ async fn mebibyte_values_sync_overwrite_and_resume_behind_several() {
     for i in 0..12 {
         o.put(endpoint_key("a", i), large_value("a", i, "v3", MIB), None).await.unwrap();
     }
-    let (handle, _e) = start(config("w2"), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([peer.endpoint()]));
+    let (handle, _e) =
+        start(config("w2"), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([peer.endpoint()]));
     converged(&o, &p, "a", DEADLINE).await;
     let h = handle.health();
     assert_eq!(h.last_error, None, "no error on the way: {h:?}");
@@ -226,15 +253,14 @@ async fn a_value_larger_than_the_peer_accepts_is_reported_and_the_rest_flows() {
 
 #[tokio::test]
 async fn a_least_privilege_user_over_mtls_mirrors_into_a_three_member_peer() {
-    let (origin, peer) = tokio::try_join!(
-        EtcdServer::start("a"),
-        EtcdCluster::start_with("b", ClusterOptions::new(3).with_tls())
-    )
-    .unwrap();
+    let (origin, peer) =
+        tokio::try_join!(EtcdServer::start("a"), EtcdCluster::start_with("b", ClusterOptions::new(3).with_tls()))
+            .unwrap();
     let mut o = connect(&[origin.endpoint()], None).await;
     write_keys(&mut o, "a", 0..1000, "v1").await;
     let root_tls = tls_for(&peer, "root");
-    let mut admin = connect(&peer.endpoints(), Some(etcd_client::ConnectOptions::new().with_tls(root_tls.clone()))).await;
+    let mut admin =
+        connect(&peer.endpoints(), Some(etcd_client::ConnectOptions::new().with_tls(root_tls.clone()))).await;
     enable_auth_with_mirror_user(&mut admin, "a", "mirrorpw").await;
 
     let peer_target =
@@ -264,7 +290,8 @@ async fn a_blackhole_shorter_than_the_ttl_loses_nothing() {
     let mut o = connect(&[origin.endpoint()], None).await;
     write_keys(&mut o, "a", 0..300, "v1").await;
     let cfg = config("w1");
-    let (handle, _e) = start(cfg.clone(), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([proxy.endpoint("http")]));
+    let (handle, _e) =
+        start(cfg.clone(), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([proxy.endpoint("http")]));
     wait_synced(&handle).await;
     let p = connect(&[peer.endpoint()], None).await;
     let deletes = count_peer_deletes(&p, "a").await;
@@ -286,7 +313,8 @@ async fn a_blackhole_longer_than_twice_the_ttl_lapses_the_mirror_and_it_recovers
     let mut o = connect(&[origin.endpoint()], None).await;
     write_keys(&mut o, "a", 0..300, "v1").await;
     let cfg = config("w1");
-    let (handle, _e) = start(cfg.clone(), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([proxy.endpoint("http")]));
+    let (handle, _e) =
+        start(cfg.clone(), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([proxy.endpoint("http")]));
     wait_synced(&handle).await;
     let mut p = connect(&[peer.endpoint()], None).await;
 
@@ -313,7 +341,8 @@ async fn a_peer_restored_from_a_backup_is_repaired() {
         tokio::try_join!(EtcdServer::start("a"), EtcdServer::start_with("b", EtcdFlavor::Default, &[])).unwrap();
     let mut o = connect(&[origin.endpoint()], None).await;
     write_keys(&mut o, "a", 0..300, "v1").await;
-    let (handle, _e) = start(config("w1"), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([peer.endpoint()]));
+    let (handle, _e) =
+        start(config("w1"), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([peer.endpoint()]));
     wait_synced(&handle).await;
     let dir = tempfile::tempdir().unwrap();
     let backup = dir.path().join("peer.db");
@@ -338,7 +367,8 @@ async fn an_origin_restored_from_a_backup_is_mirrored_as_restored() {
         tokio::try_join!(EtcdServer::start_with("a", EtcdFlavor::Default, &[]), EtcdServer::start("b")).unwrap();
     let mut o = connect(&[origin.endpoint()], None).await;
     write_keys(&mut o, "a", 0..300, "v1").await;
-    let (handle, _e) = start(config("w1"), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([peer.endpoint()]));
+    let (handle, _e) =
+        start(config("w1"), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([peer.endpoint()]));
     wait_synced(&handle).await;
     let dir = tempfile::tempdir().unwrap();
     let backup = dir.path().join("origin.db");
@@ -358,6 +388,7 @@ async fn an_origin_restored_from_a_backup_is_mirrored_as_restored() {
 
 #[tokio::test]
 async fn a_full_peer_backs_off_instead_of_spinning_and_recovers_after_disarm() {
+    logs();
     let (origin, peer) = tokio::try_join!(
         EtcdServer::start("a"),
         EtcdServer::start_with("b", EtcdFlavor::from_env(), &["--quota-backend-bytes", "16777216"])
@@ -365,7 +396,8 @@ async fn a_full_peer_backs_off_instead_of_spinning_and_recovers_after_disarm() {
     .unwrap();
     let mut o = connect(&[origin.endpoint()], None).await;
     write_keys(&mut o, "a", 0..100, "v1").await;
-    let (handle, _e) = start(config("w1"), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([peer.endpoint()]));
+    let (handle, _e) =
+        start(config("w1"), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([peer.endpoint()]));
     wait_synced(&handle).await;
 
     // Someone fills the peer until its quota alarm goes off.
@@ -388,7 +420,12 @@ async fn a_full_peer_backs_off_instead_of_spinning_and_recovers_after_disarm() {
     let rev = p.status().await.unwrap().header().unwrap().revision();
     p.compact(rev, Some(etcd_client::CompactionOptions::new().with_physical())).await.unwrap();
     p.defragment().await.unwrap();
-    p.alarm(etcd_client::AlarmAction::Deactivate, etcd_client::AlarmType::Nospace, None).await.unwrap();
+    let alarms = p.alarm(etcd_client::AlarmAction::Get, etcd_client::AlarmType::None, None).await.unwrap();
+    for alarm in alarms.alarms() {
+        let mut options = etcd_client::AlarmOptions::new();
+        options.with_member(alarm.member_id());
+        p.alarm(etcd_client::AlarmAction::Deactivate, alarm.alarm(), Some(options)).await.unwrap();
+    }
     converged(&o, &p, "a", DEADLINE).await;
     wait_health(&handle, "the error clears once it applies again", |h| h.last_error.is_none()).await;
     handle.shutdown().await;
@@ -400,12 +437,12 @@ async fn each_session_fences_the_late_txns_of_its_predecessors() {
     let proxy = FaultProxy::start(peer.client_addr()).await.unwrap();
     let mut o = connect(&[origin.endpoint()], None).await;
     write_keys(&mut o, "a", 0..50, "v1").await;
-    let (handle, _e) = start(config("w1"), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([proxy.endpoint("http")]));
+    let (handle, _e) =
+        start(config("w1"), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([proxy.endpoint("http")]));
     wait_synced(&handle).await;
     let mut p = connect(&[peer.endpoint()], None).await;
-    let owner_revision = |mut p: Client| async move {
-        p.get(keys::owner_key("a"), None).await.unwrap().kvs()[0].mod_revision()
-    };
+    let owner_revision =
+        |mut p: Client| async move { p.get(keys::owner_key("a"), None).await.unwrap().kvs()[0].mod_revision() };
     let first_epoch = owner_revision(p.clone()).await;
 
     // The session's connections break; the next session takes a new epoch.
@@ -488,10 +525,8 @@ async fn lag_keeps_growing_while_the_peer_is_down_and_a_stalled_origin_watch_is_
 
     peer.kill();
     write_keys(&mut o, "a", 0..10, "v2").await;
-    wait_health(&handle, "lag above 3 s while the peer is down", |h| {
-        h.lag_seconds(std::time::SystemTime::now()) > 3.0
-    })
-    .await;
+    wait_health(&handle, "lag above 3 s while the peer is down", |h| h.lag_seconds(std::time::SystemTime::now()) > 3.0)
+        .await;
     peer.restart().await.unwrap();
     let p = connect(&[peer.endpoint()], None).await;
     converged(&o, &p, "a", DEADLINE).await;

@@ -148,6 +148,9 @@ mod tests {
         let b = access(&c, Some(&secret(&[("ca.crt", &PEM.replace("MIIB", "MIIC"))]))).unwrap().fingerprint;
         assert_ne!(a, b);
         let plain = access(&conn(&["http://e:2379"], None), None).unwrap();
-        assert!(plain.target.tls.is_none() && plain.target.user.is_none(), "plain http only where the endpoint says so, and then no TLS");
+        assert!(
+            plain.target.tls.is_none() && plain.target.user.is_none(),
+            "plain http only where the endpoint says so, and then no TLS"
+        );
     }
 }

@@ -151,14 +151,33 @@ impl ResyncCause {
 /// Something a person may want to see as a Kubernetes Event.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum MirrorEvent {
-    ResyncStarted { cause: ResyncCause },
-    Synced { revision: i64, keys: i64 },
-    LeaseGranted { lease: i64, shard: usize },
-    LeasesAdopted { leases: usize, revision: i64 },
-    Fenced { by: String },
+    ResyncStarted {
+        cause: ResyncCause,
+    },
+    Synced {
+        revision: i64,
+        keys: i64,
+    },
+    LeaseGranted {
+        lease: i64,
+        shard: usize,
+    },
+    LeasesAdopted {
+        leases: usize,
+        revision: i64,
+    },
+    Fenced {
+        by: String,
+    },
     RegionUnreachable,
     RegionReachable,
-    RevisionSplit { revision: i64, ops: usize },
+    RevisionSplit {
+        revision: i64,
+        ops: usize,
+    },
     /// An origin value larger than any request the peer accepts: left out of the mirror.
-    ValueTooLarge { key: String, bytes: usize },
+    ValueTooLarge {
+        key: String,
+        bytes: usize,
+    },
 }

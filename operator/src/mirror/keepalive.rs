@@ -9,6 +9,15 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::mpsc;
 use tracing::{Instrument, debug};
 
+/// What the keepalive task tells the worker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeeperSignal {
+    /// The lease is gone, and its keys with it.
+    LeaseLost(i64),
+    /// The peer answers with another cluster id: restored from a backup or replaced.
+    PeerChanged { from: u64, to: u64 },
+}
+
 pub fn is_lease_not_found(e: &etcd_client::Error) -> bool {
     e.to_string().contains("lease not found")
 }
@@ -33,7 +42,7 @@ impl Keeper {
         mut leases: Vec<i64>,
         config: MirrorConfig,
         shared: Arc<Shared>,
-        lost: mpsc::Sender<i64>,
+        lost: mpsc::Sender<KeeperSignal>,
         retiring: Vec<i64>,
     ) -> Keeper {
         leases.sort_unstable();
@@ -44,6 +53,7 @@ impl Keeper {
                 let mut slots: Vec<Option<(LeaseKeeper, LeaseKeepAliveStream)>> = ids.iter().map(|_| None).collect();
                 let mut client: Option<Client> = None;
                 let mut reported_lost: Vec<i64> = Vec::new();
+                let mut cluster: Option<u64> = None;
                 // A round must end before the next is due, or a slow peer would stretch the
                 // keepalive interval past the TTL.
                 let round_timeout = config.rpc_timeout.min(config.keepalive_interval).max(Duration::from_millis(500));
@@ -52,13 +62,13 @@ impl Keeper {
                     if client.is_none() {
                         client = tokio::time::timeout(round_timeout, peer.connect()).await.ok().and_then(Result::ok);
                     }
-                    let results: Vec<Result<i64, String>> = match client.as_ref() {
+                    let results: Vec<Result<(i64, u64), String>> = match client.as_ref() {
                         None => vec![Err("cannot connect to the peer".to_string())],
                         // No lease yet: a round trip all the same, so that health is measured.
                         Some(c) if ids.is_empty() => {
                             let mut c = c.clone();
                             match tokio::time::timeout(round_timeout, c.status()).await {
-                                Ok(Ok(_)) => Vec::new(),
+                                Ok(Ok(s)) => vec![Ok((1, s.header().map_or(0, |h| h.cluster_id())))],
                                 Ok(Err(e)) => vec![Err(e.to_string())],
                                 Err(_) => vec![Err("status timed out".to_string())],
                             }
@@ -73,14 +83,26 @@ impl Keeper {
                     };
                     let mut min_ttl: Option<i64> = None;
                     let mut failed = false;
+                    if let Some(to) = results.iter().find_map(|r| r.as_ref().ok().map(|r| r.1).filter(|c| *c != 0)) {
+                        match cluster.replace(to) {
+                            Some(from) if from != to => {
+                                let _ = lost.send(KeeperSignal::PeerChanged { from, to }).await;
+                            }
+                            _ => {}
+                        }
+                    }
                     for (i, result) in results.iter().enumerate() {
                         match result {
-                            Ok(ttl) if *ttl > 0 => min_ttl = Some(min_ttl.map_or(*ttl, |m: i64| m.min(*ttl))),
+                            Ok((ttl, _)) if ids.is_empty() || *ttl > 0 => {
+                                if !ids.is_empty() {
+                                    min_ttl = Some(min_ttl.map_or(*ttl, |m: i64| m.min(*ttl)));
+                                }
+                            }
                             Ok(_) => {
                                 let id = ids[i];
                                 if !reported_lost.contains(&id) && !retiring.contains(&id) {
                                     reported_lost.push(id);
-                                    let _ = lost.send(id).await;
+                                    let _ = lost.send(KeeperSignal::LeaseLost(id)).await;
                                 }
                             }
                             Err(e) => {
@@ -118,20 +140,21 @@ impl Keeper {
     }
 }
 
-/// One keepalive round trip for one lease: Ok(ttl) (0 or less means the lease is gone).
+/// One keepalive round trip for one lease: Ok((ttl, cluster id)) (a TTL of 0 or less means the
+/// lease is gone).
 async fn keep_alive_once(
     mut client: Client,
     slot: &mut Option<(LeaseKeeper, LeaseKeepAliveStream)>,
     id: i64,
     timeout: Duration,
-) -> Result<i64, String> {
+) -> Result<(i64, u64), String> {
     let round = async {
         if let Some((keeper, stream)) = slot.as_mut() {
             keeper.keep_alive().await.map_err(|e| e.to_string())?;
             match stream.message().await {
-                Ok(Some(resp)) => return Ok(resp.ttl()),
+                Ok(Some(resp)) => return Ok((resp.ttl(), cluster_of(&resp))),
                 Ok(None) => return Err("keepalive stream closed".to_string()),
-                Err(e) if is_lease_not_found(&e) => return Ok(0),
+                Err(e) if is_lease_not_found(&e) => return Ok((0, 0)),
                 Err(e) => return Err(e.to_string()),
             }
         }
@@ -139,21 +162,21 @@ async fn keep_alive_once(
         // an error); one more round trip reads the TTL.
         let (mut keeper, mut stream) = match client.lease_keep_alive(id).await {
             Ok(pair) => pair,
-            Err(e) if is_lease_not_found(&e) => return Ok(0),
+            Err(e) if is_lease_not_found(&e) => return Ok((0, 0)),
             Err(e) => return Err(e.to_string()),
         };
         keeper.keep_alive().await.map_err(|e| e.to_string())?;
-        let ttl = match stream.message().await {
-            Ok(Some(resp)) => resp.ttl(),
+        let answer = match stream.message().await {
+            Ok(Some(resp)) => (resp.ttl(), cluster_of(&resp)),
             Ok(None) => return Err("keepalive stream closed".to_string()),
-            Err(e) if is_lease_not_found(&e) => return Ok(0),
+            Err(e) if is_lease_not_found(&e) => return Ok((0, 0)),
             Err(e) => return Err(e.to_string()),
         };
         *slot = Some((keeper, stream));
-        Ok(ttl)
+        Ok(answer)
     };
     match tokio::time::timeout(timeout, round).await {
-        Ok(Ok(ttl)) => Ok(ttl),
+        Ok(Ok(answer)) => Ok(answer),
         Ok(Err(e)) => {
             *slot = None;
             Err(e)
@@ -163,4 +186,8 @@ async fn keep_alive_once(
             Err(format!("keepalive timed out after {timeout:?}"))
         }
     }
+}
+
+fn cluster_of(resp: &etcd_client::LeaseKeepAliveResponse) -> u64 {
+    resp.header().map_or(0, |h| h.cluster_id())
 }

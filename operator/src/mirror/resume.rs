@@ -90,10 +90,20 @@ pub fn decide_resume(
 ) -> Resume {
     let initial = pending.unwrap_or(ResyncCause::Initial);
     let Some(cp) = checkpoint.filter(|cp| !cp.leases.is_empty()) else {
-        return Resume { leases: Vec::new(), keys: Vec::new(), retiring: Vec::new(), applied: 0, resync: Some(initial) };
+        return Resume {
+            leases: Vec::new(),
+            keys: Vec::new(),
+            retiring: Vec::new(),
+            applied: 0,
+            resync: Some(initial),
+        };
     };
-    let leases: Vec<i64> =
-        cp.leases.iter().zip(alive.iter().chain(std::iter::repeat(&false))).map(|(id, a)| if *a { *id } else { 0 }).collect();
+    let leases: Vec<i64> = cp
+        .leases
+        .iter()
+        .zip(alive.iter().chain(std::iter::repeat(&false)))
+        .map(|(id, a)| if *a { *id } else { 0 })
+        .collect();
     let keys = if cp.keys.len() == leases.len() { cp.keys.clone() } else { vec![0; leases.len()] };
     let retiring: Vec<i64> = cp
         .retiring
@@ -103,8 +113,8 @@ pub fn decide_resume(
         .map(|(id, _)| *id)
         .collect();
     let recorded = progress.map_or(cp.revision, |p| p.revision.max(cp.revision));
-    let origin_changed = (cp.origin_cluster_id != 0 && cp.origin_cluster_id != origin.cluster_id)
-        || origin.revision < recorded;
+    let origin_changed =
+        (cp.origin_cluster_id != 0 && cp.origin_cluster_id != origin.cluster_id) || origin.revision < recorded;
     let resync = if origin_changed {
         Some(ResyncCause::OriginChanged)
     } else if leases.contains(&0) {

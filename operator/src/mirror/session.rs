@@ -3,6 +3,7 @@
 //! epoch, then sync and watch. Also the fenced batch Txn every write of the mirror goes through.
 use super::checkpoint::{Checkpoint, Owner, Progress};
 use super::health::{MirrorEvent, Phase, ResyncCause};
+use super::keepalive::KeeperSignal;
 use super::keepalive::is_lease_not_found;
 use super::plan::MirrorOp;
 use super::resume::{OriginStatus, OwnerDecision, OwnerRecord, Ownership, decide_ownership, decide_resume};
@@ -42,15 +43,15 @@ impl Worker {
     pub(super) async fn session(
         &self,
         state: &mut State,
-        lost_tx: &mpsc::Sender<i64>,
-        lost_rx: &mut mpsc::Receiver<i64>,
+        lost_tx: &mpsc::Sender<KeeperSignal>,
+        lost_rx: &mut mpsc::Receiver<KeeperSignal>,
         backoff: &mut super::backoff::Backoff,
     ) -> anyhow::Result<SessionEnd> {
         self.shared.phase(Phase::Connecting);
-        let (mut local, mut peer) = tokio::try_join!(
-            async { self.local.connect().await.context("connecting to the local etcd") },
-            async { self.peer.connect().await.context("connecting to the peer etcd") },
-        )?;
+        let (mut local, mut peer) =
+            tokio::try_join!(async { self.local.connect().await.context("connecting to the local etcd") }, async {
+                self.peer.connect().await.context("connecting to the peer etcd")
+            },)?;
         let origin = self.origin_status(&mut local).await?;
         let records = self.read_records(&peer).await?;
         let first_session = state.ownership.epoch.is_none();

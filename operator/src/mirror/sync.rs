@@ -7,6 +7,7 @@
 //! revision once every key is in place, in the same Txn as the checkpoint. A consumer that finds
 //! no canary, or `synced: false`, must not read "no endpoints" as "the origin has none".
 use super::health::{MirrorEvent, Phase, ResyncCause};
+use super::keepalive::KeeperSignal;
 use super::plan::{Kv, SyncBatcher, enforce_request_limit, merge_step, next_page_limit};
 use super::session::Applied;
 use super::shards::{shard_count, shard_count_fits, shard_of};
@@ -33,7 +34,7 @@ impl Worker {
         state: &mut State,
         cause: ResyncCause,
         origin_cluster_id: u64,
-        lost_tx: &mpsc::Sender<i64>,
+        lost_tx: &mpsc::Sender<KeeperSignal>,
     ) -> anyhow::Result<Option<String>> {
         let phase = if cause == ResyncCause::Initial { Phase::Syncing } else { Phase::Resyncing };
         self.shared.update(|h| {
@@ -127,8 +128,7 @@ impl Worker {
                 &mut ops,
             );
             for op in ops.drain(..) {
-                let (op, too_large) =
-                    enforce_request_limit(op, self.config.max_request_bytes, RESERVED_REQUEST_BYTES);
+                let (op, too_large) = enforce_request_limit(op, self.config.max_request_bytes, RESERVED_REQUEST_BYTES);
                 if let Some(o) = too_large {
                     counts[shard_of(o.key.as_bytes(), shards)] -= 1;
                     oversized.push(o);

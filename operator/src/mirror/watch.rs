@@ -7,6 +7,7 @@
 //! only once its last fragment has arrived. A watch that answers nothing, not even a progress
 //! request, for longer than the stall timeout is treated as broken, never as an idle subtree.
 use super::health::{MirrorEvent, Phase, ResyncCause};
+use super::keepalive::KeeperSignal;
 use super::plan::{MirrorOp, Revision, WatchBatch, enforce_request_limit, next_watch_batch};
 use super::session::{Applied, WatchEnd};
 use super::shards::shard_of;
@@ -38,13 +39,17 @@ impl Worker {
         local: &mut Client,
         peer: &mut Client,
         state: &mut State,
-        lost_rx: &mut mpsc::Receiver<i64>,
+        lost_rx: &mut mpsc::Receiver<KeeperSignal>,
         backoff: &mut super::backoff::Backoff,
     ) -> anyhow::Result<WatchEnd> {
         let prefix = keys::region_prefix(&self.config.origin);
-        let options =
-            WatchOptions::new().with_prefix().with_start_revision(state.applied + 1).with_progress_notify().with_fragment();
-        let mut stream = self.rpc("start watch", super::target::watcher(local).watch(prefix.as_str(), Some(options))).await?;
+        let options = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(state.applied + 1)
+            .with_progress_notify()
+            .with_fragment();
+        let mut stream =
+            self.rpc("start watch", super::target::watcher(local).watch(prefix.as_str(), Some(options))).await?;
         self.shared.update(|h| h.phase = Phase::Watching);
 
         let epoch = state.ownership.epoch.ok_or_else(|| anyhow!("watch without ownership"))?;
@@ -66,7 +71,13 @@ impl Worker {
             let room = pending_ops < self.config.max_pending_ops && pending_bytes < self.config.max_pending_bytes;
             tokio::select! {
                 _ = self.cancel.cancelled() => return Ok(WatchEnd::Shutdown),
-                Some(lost) = lost_rx.recv() => {
+                Some(signal) = lost_rx.recv() => {
+                    let lost = match signal {
+                        KeeperSignal::LeaseLost(id) => id,
+                        KeeperSignal::PeerChanged { from, to } => anyhow::bail!(
+                            "the peer etcd changed under the mirror (cluster id {from:x} -> {to:x}: restored from a backup, or replaced); resuming from what it records"
+                        ),
+                    };
                     if let Some(shard) = state.leases.iter().position(|id| *id == lost) {
                         warn!(lease = lost, shard, "lease lost; its keys are gone from the peer");
                         // The sync grants its replacement and records it before moving keys.

@@ -10,7 +10,7 @@ use super::backoff::Backoff;
 use super::checkpoint::{Checkpoint, Progress};
 use super::detector::{ReachabilityDetector, Transition};
 use super::health::{MirrorEvent, PeerHealth, Phase, ResyncCause};
-use super::keepalive::Keeper;
+use super::keepalive::{Keeper, KeeperSignal};
 use super::plan::TxnLimits;
 use super::resume::Ownership;
 use super::{EtcdTarget, MirrorConfig};
@@ -189,7 +189,7 @@ impl Worker {
     async fn run(self) {
         let mut state = State::default();
         let mut backoff = Backoff::new(self.config.backoff_base, self.config.backoff_cap);
-        let (lost_tx, mut lost_rx) = mpsc::channel::<i64>(64);
+        let (lost_tx, mut lost_rx) = mpsc::channel::<KeeperSignal>(64);
         loop {
             let outcome = tokio::select! {
                 _ = self.cancel.cancelled() => Ok(SessionEnd::Shutdown),
@@ -328,7 +328,7 @@ impl Worker {
     }
 
     /// Replaces the keepalive task when the set of leases to keep alive changed.
-    pub(super) fn ensure_keeper(&self, state: &mut State, lost_tx: &mpsc::Sender<i64>) {
+    pub(super) fn ensure_keeper(&self, state: &mut State, lost_tx: &mpsc::Sender<KeeperSignal>) {
         let mut ids: Vec<i64> = state.leases.iter().chain(&state.retiring).copied().filter(|id| *id != 0).collect();
         ids.sort_unstable();
         ids.dedup();

@@ -144,10 +144,10 @@ pub async fn enable_auth_with_mirror_user(admin: &mut Client, origin: &str, pass
 pub fn tls_for(cluster: &EtcdCluster, user: &str) -> etcd_client::TlsOptions {
     let ca = std::fs::read(cluster.ca_cert().expect("a TLS cluster")).expect("read CA");
     let cert = cluster.client_cert(user).expect("client cert");
-    etcd_client::TlsOptions::new()
-        .ca_certificate(etcd_client::Certificate::from_pem(ca))
-        .identity(etcd_client::Identity::from_pem(
+    etcd_client::TlsOptions::new().ca_certificate(etcd_client::Certificate::from_pem(ca)).identity(
+        etcd_client::Identity::from_pem(
             std::fs::read(&cert.cert).expect("cert"),
             std::fs::read(&cert.key).expect("key"),
-        ))
+        ),
+    )
 }
