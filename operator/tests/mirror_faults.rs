@@ -589,3 +589,37 @@ async fn the_canary_says_resyncing_while_a_resync_runs() {
     assert!(resynced);
     handle.shutdown().await;
 }
+
+#[tokio::test]
+async fn out_of_band_changes_on_the_peer_are_detected_and_repaired() {
+    let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("b")).unwrap();
+    let mut o = connect(&[origin.endpoint()], None).await;
+    write_keys(&mut o, "a", 0..400, "v1").await;
+    let mut cfg = config("w1");
+    cfg.verify_interval = Duration::from_millis(100);
+    cfg.verify_page_size = 50;
+    let (handle, mut events) = start(cfg, EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([peer.endpoint()]));
+    wait_synced(&handle).await;
+    wait_health(&handle, "a clean verification pass", |h| h.verify_passes >= 1 && !h.drift_detected).await;
+
+    // Someone edits the peer behind the mirror's back: a changed value, a deleted key, a key
+    // the origin never had, and a key re-put without its lease (it would outlive the region).
+    let mut p = connect(&[peer.endpoint()], None).await;
+    p.put(endpoint_key("a", 10), "tampered", None).await.unwrap();
+    p.delete(endpoint_key("a", 200), None).await.unwrap();
+    p.put(endpoint_key("a", 9999), endpoint_value("a", 9999, "ghost"), None).await.unwrap();
+    p.put(endpoint_key("a", 300), endpoint_value("a", 300, "v1"), None).await.unwrap();
+    wait_health(&handle, "drift detected", |h| h.drift_detected && h.drift_repaired_keys >= 4).await;
+    converged(&o, &p, "a", DEADLINE).await;
+    let mut repaired = 0;
+    while let Ok(e) = events.try_recv() {
+        if let MirrorEvent::DriftRepaired { keys, .. } = e {
+            repaired += keys;
+        }
+    }
+    assert!(repaired >= 4, "events name the repairs: {repaired} keys");
+    // A later pass finds the copy clean again.
+    let passes = handle.health().verify_passes;
+    wait_health(&handle, "a clean pass after the repair", |h| h.verify_passes > passes && !h.drift_detected).await;
+    handle.shutdown().await;
+}

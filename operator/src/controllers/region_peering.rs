@@ -380,6 +380,13 @@ pub fn describe(event: &MirrorEvent, region: &str, peer: &str) -> (EventType, &'
                 "{region} -> {peer}: revision {revision} has {ops} writes, more than one peer Txn holds; applied in parts"
             ),
         ),
+        MirrorEvent::DriftRepaired { keys, first_key } => (
+            EventType::Warning,
+            "DriftRepaired",
+            format!(
+                "{region} -> {peer}: {keys} keys differed from the origin on the peer (first: {first_key}) and were repaired; something besides this mirror writes there, or the peer was restored"
+            ),
+        ),
         MirrorEvent::ValueTooLarge { key, bytes } => (
             EventType::Warning,
             "ValueTooLarge",

@@ -74,6 +74,12 @@ pub struct PeerHealth {
     /// Origin keys whose value cannot fit in a request the peer accepts: key and size. They are
     /// left out of the mirror (and removed from the peer) until they shrink.
     pub oversized: Vec<(String, usize)>,
+    /// Complete verification passes over the subtree.
+    pub verify_passes: u64,
+    /// Keys found different on the peer and repaired, since the worker started.
+    pub drift_repaired_keys: u64,
+    /// Whether the current or the last complete verification pass found drift.
+    pub drift_detected: bool,
 }
 
 impl PeerHealth {
@@ -101,6 +107,9 @@ impl PeerHealth {
             ops: 0,
             session_failures: 0,
             oversized: Vec::new(),
+            verify_passes: 0,
+            drift_repaired_keys: 0,
+            drift_detected: false,
         }
     }
 
@@ -179,5 +188,10 @@ pub enum MirrorEvent {
     ValueTooLarge {
         key: String,
         bytes: usize,
+    },
+    /// Verification found the peer's copy different from the origin's and repaired it.
+    DriftRepaired {
+        keys: usize,
+        first_key: String,
     },
 }

@@ -6,6 +6,7 @@
 //! - [`checkpoint`]: the lease layout, progress and owner records kept on the peer.
 //! - [`resume`]: how a session resumes from what the peer records and the origin says (pure).
 //! - [`target`]: reaching an etcd cluster with a member down.
+//! - [`verify`]: continuous verification of the peer's copy, page by page (pure).
 //! - [`worker`]: the worker's life: sessions, backoff, standing by when fenced; it drives
 //!   `session` (ownership, fencing, adoption), `sync` (the full sync), `watch` (watch and apply)
 //!   and `keepalive` (the origin-heartbeat leases).
@@ -24,6 +25,7 @@ mod session;
 pub mod shards;
 mod sync;
 pub mod target;
+pub mod verify;
 mod watch;
 pub mod worker;
 
@@ -67,6 +69,10 @@ pub struct MirrorConfig {
     pub rpc_timeout: Duration,
     /// How often the worker asks for watch progress, so an idle subtree still advances.
     pub progress_interval: Duration,
+    /// How often one page of the peer's copy is compared with the origin (zero: never).
+    pub verify_interval: Duration,
+    /// Keys per verification page.
+    pub verify_page_size: i64,
 }
 
 impl MirrorConfig {
@@ -92,6 +98,8 @@ impl MirrorConfig {
             acceptable_pause: Duration::from_secs(10),
             rpc_timeout: Duration::from_secs(10),
             progress_interval: Duration::from_secs(2),
+            verify_interval: Duration::from_secs(5),
+            verify_page_size: 1000,
         }
     }
 }

@@ -171,6 +171,7 @@ impl Worker {
         self.report_oversized(state, oversized, fixed);
         state.applied = revision;
         state.synced = true;
+        state.walk = Default::default();
         let total_keys = state.keys.iter().sum::<i64>();
         self.shared.update(|h| {
             h.last_applied_revision = revision;
@@ -192,7 +193,7 @@ impl Worker {
 
     /// One range page from `from`, sized by the largest key-value seen so far. A response the
     /// client cannot decode is asked for again with a tenth of the keys.
-    async fn page(
+    pub(super) async fn page(
         &self,
         client: &Client,
         from: &[u8],
@@ -200,7 +201,20 @@ impl Worker {
         revision: Option<i64>,
         largest: &mut usize,
     ) -> anyhow::Result<GetResponse> {
-        let mut limit = next_page_limit(self.config.page_size, *largest, self.config.page_bytes);
+        self.page_of(self.config.page_size, client, from, range_end, revision, largest).await
+    }
+
+    /// [`Self::page`] with another page size.
+    pub(super) async fn page_of(
+        &self,
+        page_size: i64,
+        client: &Client,
+        from: &[u8],
+        range_end: &[u8],
+        revision: Option<i64>,
+        largest: &mut usize,
+    ) -> anyhow::Result<GetResponse> {
+        let mut limit = next_page_limit(page_size, *largest, self.config.page_bytes);
         loop {
             let mut opts = GetOptions::new().with_range(range_end.to_vec()).with_limit(limit);
             if let Some(revision) = revision {
@@ -244,7 +258,7 @@ fn settle(result: Option<anyhow::Result<Applied>>) -> anyhow::Result<Option<Stri
     }
 }
 
-fn page_kvs(mut page: GetResponse) -> impl Iterator<Item = Kv> {
+pub(super) fn page_kvs(mut page: GetResponse) -> impl Iterator<Item = Kv> {
     page.take_kvs().into_iter().map(|kv| {
         let lease = kv.lease();
         let (key, value) = kv.into_key_value();

@@ -11,14 +11,15 @@ use super::keepalive::KeeperSignal;
 use super::plan::{MirrorOp, Revision, WatchBatch, enforce_request_limit, next_watch_batch};
 use super::session::{Applied, WatchEnd};
 use super::shards::shard_of;
-use super::sync::RESERVED_REQUEST_BYTES;
+use super::sync::{RESERVED_REQUEST_BYTES, page_kvs};
+use super::verify::{advance, peer_range_end, repairs};
 use super::worker::{State, Worker};
 use crate::keys;
 use anyhow::{Context, anyhow};
 use etcd_client::{Client, EventType, WatchOptions};
 use std::collections::VecDeque;
 use std::future::Future;
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::mpsc;
 use tracing::warn;
 
@@ -66,6 +67,11 @@ impl Worker {
         let mut inflight: Option<BatchFuture> = None;
         let mut ticker = tokio::time::interval(self.config.progress_interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let verifying = !self.config.verify_interval.is_zero();
+        let mut verify_ticker = tokio::time::interval(self.config.verify_interval.max(Duration::from_millis(1)));
+        verify_ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        verify_ticker.reset();
+        let mut verify_due = false;
 
         loop {
             let room = pending_ops < self.config.max_pending_ops && pending_bytes < self.config.max_pending_bytes;
@@ -196,6 +202,7 @@ impl Worker {
                         });
                     }
                 }
+                _ = verify_ticker.tick(), if verifying => verify_due = true,
                 _ = ticker.tick() => {
                     if last_message.elapsed() > stall_after {
                         anyhow::bail!(
@@ -220,6 +227,14 @@ impl Worker {
                     h.pending_since = None;
                 });
             }
+            // Between batches the peer holds exactly the origin's subtree at the applied revision:
+            // the moment to compare a page.
+            if verify_due && inflight.is_none() && !fragment_open {
+                verify_due = false;
+                if let Some(by) = self.verify_page(local, peer, state, epoch).await? {
+                    return Ok(WatchEnd::Fenced(by));
+                }
+            }
             // While a fragmented response is incomplete, its last revision may be partial.
             if inflight.is_none()
                 && !fragment_open
@@ -228,6 +243,76 @@ impl Worker {
                 inflight = Some(self.apply_watch_batch(peer, epoch, batch, state));
             }
         }
+    }
+
+    /// Compares one page of the peer's copy with the origin at the applied revision and repairs
+    /// what differs. Returns who fenced us, if someone did.
+    async fn verify_page(
+        &self,
+        local: &Client,
+        peer: &Client,
+        state: &mut State,
+        epoch: i64,
+    ) -> anyhow::Result<Option<String>> {
+        let prefix = keys::region_prefix(&self.config.origin);
+        let subtree_end = keys::prefix_range_end(prefix.as_bytes());
+        let from = state.walk.cursor.clone().unwrap_or_else(|| prefix.clone().into_bytes());
+        let mut largest = 0;
+        let size = self.config.verify_page_size;
+        let origin = match self.page_of(size, local, &from, &subtree_end, Some(state.applied), &mut largest).await {
+            Ok(page) => page,
+            // Compacted past the applied revision: the next page starts a new pass later.
+            Err(e) if format!("{e:#}").contains("compacted") => {
+                state.walk = Default::default();
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        };
+        let more = origin.more();
+        let origin: Vec<_> = page_kvs(origin).collect();
+        let end = peer_range_end(&origin, more, &subtree_end);
+        let mut peer_kvs = Vec::new();
+        let mut cursor = from.clone();
+        loop {
+            let page = self.page_of(size, peer, &cursor, &end, None, &mut largest).await?;
+            let more = page.more();
+            peer_kvs.extend(page_kvs(page));
+            match peer_kvs.last() {
+                Some(last) if more => {
+                    cursor = last.key.clone();
+                    cursor.push(0);
+                }
+                _ => break,
+            }
+        }
+        let shards = state.leases.len();
+        let leases = state.leases.clone();
+        let ops = repairs(origin.clone(), peer_kvs, |k| shard_of(k, shards), |s| leases[s], &state.oversized);
+        let repaired = ops.len();
+        if repaired > 0 {
+            let first_key = String::from_utf8_lossy(ops[0].key()).into_owned();
+            warn!(keys = repaired, first = %first_key, "the peer's copy differs from the origin; repairing");
+            if let Applied::Fenced(by) = self.apply(peer, epoch, ops, &leases, Vec::new()).await? {
+                return Ok(Some(by));
+            }
+            self.shared.emit(MirrorEvent::DriftRepaired { keys: repaired, first_key });
+        }
+        let pass_done = advance(&mut state.walk, &origin, more, repaired);
+        let drift_in_pass = state.walk.repaired_this_pass > 0;
+        self.shared.update(|h| {
+            h.drift_repaired_keys += repaired as u64;
+            if repaired > 0 {
+                h.drift_detected = true;
+            }
+            if pass_done {
+                h.verify_passes += 1;
+                h.drift_detected = drift_in_pass;
+            }
+        });
+        if pass_done {
+            state.walk.repaired_this_pass = 0;
+        }
+        Ok(None)
     }
 
     fn apply_watch_batch(&self, peer: &Client, epoch: i64, batch: WatchBatch, state: &State) -> BatchFuture {

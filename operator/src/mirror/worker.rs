@@ -167,6 +167,8 @@ pub(super) struct State {
     pub origin_cluster_id: u64,
     /// Origin keys left out because the peer cannot take them: key -> bytes.
     pub oversized: BTreeMap<String, usize>,
+    /// Where continuous verification is in the subtree.
+    pub walk: super::verify::Walk,
     /// Ops per Txn, lowered when the peer says its `--max-txn-ops` is lower than configured.
     pub txn_ops_cap: Option<usize>,
 }
