@@ -180,6 +180,11 @@ pub struct SyncSettings {
     #[serde(default = "default_max_txn_bytes")]
     #[schemars(range(min = 65536, max = 67108864))]
     pub max_txn_bytes: i64,
+    /// The peers' `--max-request-bytes`. An origin value too large for one request under it is
+    /// left out of the mirror and reported (condition ValuesTooLarge) instead of blocking it.
+    #[serde(default = "default_max_request_bytes")]
+    #[schemars(range(min = 65536, max = 2147483647))]
+    pub max_request_bytes: i64,
     /// A peer whose lag exceeds this many seconds is not Ready.
     #[serde(default = "default_max_ready_lag")]
     #[schemars(range(min = 1, max = 86400))]
@@ -195,6 +200,9 @@ fn default_max_txn_ops() -> i64 {
 fn default_max_txn_bytes() -> i64 {
     1_048_576
 }
+fn default_max_request_bytes() -> i64 {
+    1_572_864
+}
 fn default_max_ready_lag() -> i64 {
     30
 }
@@ -205,6 +213,7 @@ impl Default for SyncSettings {
             page_size: default_page_size(),
             max_txn_ops: default_max_txn_ops(),
             max_txn_bytes: default_max_txn_bytes(),
+            max_request_bytes: default_max_request_bytes(),
             max_ready_lag_seconds: default_max_ready_lag(),
         }
     }
@@ -252,9 +261,21 @@ pub struct PeerStatus {
     pub reachable: bool,
     pub keepalive: KeepaliveStatus,
     pub replication: ReplicationStatus,
-    /// The last error, with the time it happened.
+    /// Origin values larger than the peer accepts in one request (at most 10 shown): left out
+    /// of the mirror until they shrink.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub oversized_values: Vec<OversizedValue>,
+    /// The last error, with the time it happened; cleared once the mirror applies again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+}
+
+/// An origin key whose value no request to the peer can carry.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OversizedValue {
+    pub key: String,
+    pub bytes: i64,
 }
 
 /// The origin-heartbeat leases on one peer.
@@ -287,6 +308,9 @@ pub struct ReplicationStatus {
     pub resyncs: i64,
     /// Whether the initial sync has completed and the canary is written.
     pub synced: bool,
+    /// Keys that continuous verification found different on the peer and repaired.
+    #[serde(default)]
+    pub drift_repaired_keys: i64,
 }
 
 /// One origin region's mirror inside this region's etcd.

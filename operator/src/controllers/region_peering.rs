@@ -303,6 +303,7 @@ fn mirror_config(spec: &RegionPeeringSpec, peer: &str, owner: &str) -> MirrorCon
     c.page_size = spec.sync.page_size;
     c.max_txn_ops = spec.sync.max_txn_ops.max(4) as usize;
     c.max_txn_bytes = spec.sync.max_txn_bytes.max(65536) as usize;
+    c.max_request_bytes = spec.sync.max_request_bytes.max(65536) as usize;
     c.acceptable_pause = Duration::from_secs(spec.failure_detector.acceptable_pause_seconds.max(1) as u64);
     c
 }

@@ -1,7 +1,8 @@
 //! Computing a RegionPeering's status from what the workers report, without IO. Ready comes from
 //! replication progress and keepalive age, never from "connected".
 use crate::api::{
-    InboundStatus, KeepaliveStatus, PeerStatus, RegionPeeringSpec, RegionPeeringStatus, ReplicationStatus,
+    InboundStatus, KeepaliveStatus, OversizedValue, PeerStatus, RegionPeeringSpec, RegionPeeringStatus,
+    ReplicationStatus,
 };
 use crate::mirror::inbound::InboundOrigin;
 use crate::mirror::{PeerHealth, Phase};
@@ -14,6 +15,8 @@ pub const PEERS_REACHABLE: &str = "PeersReachable";
 pub const KEEPALIVE_DEGRADED: &str = "KeepaliveDegraded";
 pub const CONFLICT: &str = "Conflict";
 pub const SUSPENDED: &str = "Suspended";
+pub const DRIFT_DETECTED: &str = "DriftDetected";
+pub const VALUES_TOO_LARGE: &str = "ValuesTooLarge";
 
 /// Everything the status is computed from.
 pub struct Observation<'a> {
@@ -30,12 +33,40 @@ pub struct Observation<'a> {
     pub now: SystemTime,
 }
 
+/// What one condition says: status, reason, message.
+type Verdict = (bool, String, String);
+
+/// The observation and what every condition needs from it.
+struct Facts<'a> {
+    obs: &'a Observation<'a>,
+    /// Workers are meant to run (no conflict, not suspended).
+    running: bool,
+    /// Peers that are synced, kept alive and within the lag bound.
+    ready_count: usize,
+}
+
+impl Facts<'_> {
+    fn ready_peer(&self, h: &PeerHealth) -> bool {
+        let now = self.obs.now;
+        h.synced
+            && h.phase == Phase::Watching
+            && h.lag_seconds(now) <= self.obs.spec.sync.max_ready_lag_seconds as f64
+            && h.lease_ttl_remaining(now).is_some_and(|t| t > 0)
+    }
+
+    fn mirroring(&self) -> bool {
+        self.running && !self.obs.spec.peers.is_empty()
+    }
+}
+
+fn verdict(status: bool, reason: &str, message: impl Into<String>) -> Verdict {
+    (status, reason.to_string(), message.into())
+}
+
 /// The status the observation implies. Conditions keep their lastTransitionTime from `previous`
 /// while their status does not change.
 pub fn compute(previous: Option<&RegionPeeringStatus>, obs: &Observation) -> RegionPeeringStatus {
     let spec = obs.spec;
-    let max_lag = spec.sync.max_ready_lag_seconds as f64;
-    let ttl = spec.lease.ttl_seconds;
     let peers: Vec<PeerStatus> = spec
         .peers
         .iter()
@@ -49,141 +80,33 @@ pub fn compute(previous: Option<&RegionPeeringStatus>, obs: &Observation) -> Reg
             },
         })
         .collect();
-
-    let ready_peer = |h: &PeerHealth| {
-        h.synced
-            && h.phase == Phase::Watching
-            && h.lag_seconds(obs.now) <= max_lag
-            && h.lease_ttl_remaining(obs.now).is_some_and(|t| t > 0)
-    };
     let running = obs.conflict.is_none() && !spec.suspend;
-    let ready_count = if running {
-        obs.peers.iter().filter(|h| spec.peers.iter().any(|p| p.region == h.peer) && ready_peer(h)).count()
-    } else {
-        0
-    };
-
-    let mut conditions = Vec::new();
-    let mut set = |type_: &str, status: bool, reason: &str, message: String| {
-        conditions.push(condition(previous, type_, status, reason, message, obs.generation, obs.now));
-    };
-
-    // Ready, and why not.
-    let (ready, reason, message) = if let Some(conflict) = &obs.conflict {
-        (false, "Conflict".to_string(), conflict.clone())
-    } else if spec.suspend {
-        (
-            false,
-            "Suspended".to_string(),
-            "spec.suspend is true: no worker runs; the mirrors on the peers lapse with their leases".to_string(),
-        )
-    } else if let Some((reason, message)) = obs.config_errors.first() {
-        (false, reason.clone(), message.clone())
-    } else if spec.peers.is_empty() {
-        (true, "NoPeers".to_string(), "single region: nothing to mirror".to_string())
-    } else if let Some(h) = obs.peers.iter().find(|h| h.phase == Phase::Fenced) {
-        (
-            false,
-            "Fenced".to_string(),
-            format!("another operator instance owns the mirror into {}; this one stopped writing", h.peer),
-        )
-    } else if ready_count == spec.peers.len() {
-        (
-            true,
-            "AllPeersReady".to_string(),
-            format!(
-                "{} of {} peers synced, kept alive and within {}s of lag",
-                ready_count,
-                spec.peers.len(),
-                spec.sync.max_ready_lag_seconds
-            ),
-        )
-    } else {
-        let not_ready: Vec<String> = spec
-            .peers
-            .iter()
-            .filter(|p| !obs.peers.iter().any(|h| h.peer == p.region && ready_peer(h)))
-            .map(|p| match obs.peers.iter().find(|h| h.peer == p.region) {
-                None => format!("{}: not running", p.region),
-                Some(h) if !h.synced => format!("{}: {} (initial sync not complete)", p.region, h.phase.as_str()),
-                Some(h) if h.lease_ttl_remaining(obs.now).is_none_or(|t| t <= 0) => {
-                    format!("{}: lease not kept alive", p.region)
-                }
-                Some(h) if h.phase != Phase::Watching => format!("{}: {}", p.region, h.phase.as_str()),
-                Some(h) => format!(
-                    "{}: lag {:.0}s over {}s",
-                    p.region,
-                    h.lag_seconds(obs.now),
-                    spec.sync.max_ready_lag_seconds
-                ),
-            })
-            .collect();
-        let reason = if obs.peers.iter().any(|h| !h.synced) { "PeerNotSynced" } else { "PeerNotReady" };
-        (false, reason.to_string(), not_ready.join("; "))
-    };
-    set(READY, ready, &reason, message);
-
-    // Replicating: every worker is past its sync and watching.
-    let watching = obs.peers.iter().filter(|h| h.phase == Phase::Watching && h.synced).count();
-    if running && !spec.peers.is_empty() {
-        let all = watching == spec.peers.len();
-        let message = format!("{watching} of {} peers watching the origin after a complete sync", spec.peers.len());
-        set(REPLICATING, all, if all { "Watching" } else { "Syncing" }, message);
-    } else {
-        set(
-            REPLICATING,
-            false,
-            if spec.peers.is_empty() { "NoPeers" } else { "NotRunning" },
-            "no mirror worker runs".to_string(),
-        );
+    let mut facts = Facts { obs, running, ready_count: 0 };
+    if running {
+        facts.ready_count =
+            obs.peers.iter().filter(|h| spec.peers.iter().any(|p| p.region == h.peer) && facts.ready_peer(h)).count();
     }
 
-    // PeersReachable: the cross-region failure detector; it reports and never acts.
-    let unreachable: Vec<&str> = obs.peers.iter().filter(|h| !h.reachable).map(|h| h.peer.as_str()).collect();
-    if !running || spec.peers.is_empty() {
-        set(PEERS_REACHABLE, true, "NotMonitored", "no mirror worker runs".to_string());
-    } else if unreachable.is_empty() {
-        set(PEERS_REACHABLE, true, "Reachable", "every peer answered within the acceptable pause".to_string());
-    } else {
-        set(
-            PEERS_REACHABLE,
-            false,
-            "PeerUnreachable",
-            format!(
-                "no round trip to {} within {}s; nothing is deleted, the mirrors lapse only with their leases",
-                unreachable.join(", "),
-                spec.failure_detector.acceptable_pause_seconds
-            ),
-        );
-    }
-
-    // KeepaliveDegraded: keepalives are failing and the leases are past half their TTL, so it
-    // fires before they would expire.
-    let degraded: Vec<String> = obs
-        .peers
-        .iter()
-        .filter(|h| h.keepalive_failures > 0 && h.lease_ttl_remaining(obs.now).is_none_or(|t| t * 2 <= ttl))
-        .map(|h| {
-            format!(
-                "{} ({} failed keepalives, {}s of lease left)",
-                h.peer,
-                h.keepalive_failures,
-                h.lease_ttl_remaining(obs.now).unwrap_or(0)
-            )
-        })
-        .collect();
-    if running && !degraded.is_empty() {
-        set(KEEPALIVE_DEGRADED, true, "KeepaliveFailing", format!("leases at risk: {}", degraded.join(", ")));
-    } else {
-        set(KEEPALIVE_DEGRADED, false, "KeepalivesHealthy", "leases are kept alive".to_string());
-    }
-
+    let mut verdicts = vec![
+        (READY, ready(&facts)),
+        (REPLICATING, replicating(&facts)),
+        (PEERS_REACHABLE, peers_reachable(&facts)),
+        (KEEPALIVE_DEGRADED, keepalive_degraded(&facts)),
+        (DRIFT_DETECTED, drift_detected(&facts)),
+        (VALUES_TOO_LARGE, values_too_large(&facts)),
+    ];
     if let Some(conflict) = &obs.conflict {
-        set(CONFLICT, true, "RegionClaimed", conflict.clone());
+        verdicts.push((CONFLICT, verdict(true, "RegionClaimed", conflict.clone())));
     }
     if spec.suspend {
-        set(SUSPENDED, true, "SuspendedBySpec", "spec.suspend is true".to_string());
+        verdicts.push((SUSPENDED, verdict(true, "SuspendedBySpec", "spec.suspend is true")));
     }
+    let conditions = verdicts
+        .into_iter()
+        .map(|(type_, (status, reason, message))| {
+            condition(previous, type_, status, &reason, message, obs.generation, obs.now)
+        })
+        .collect();
 
     let worst = obs
         .peers
@@ -205,13 +128,175 @@ pub fn compute(previous: Option<&RegionPeeringStatus>, obs: &Observation) -> Reg
         observed_generation: obs.generation,
         conditions,
         leader: obs.leader.clone(),
-        peers_ready: Some(format!("{}/{}", ready_count, spec.peers.len())),
-        worst_lag: (running && !spec.peers.is_empty()).then(|| format_lag(worst.0, worst.1)),
+        peers_ready: Some(format!("{}/{}", facts.ready_count, spec.peers.len())),
+        worst_lag: facts.mirroring().then(|| format_lag(worst.0, worst.1)),
         inbound_summary: (!inbound.is_empty())
             .then(|| inbound.iter().map(|i| format!("{}:{}", i.region, i.keys)).collect::<Vec<_>>().join(" ")),
         peers,
         inbound,
     }
+}
+
+/// Ready, and why not.
+fn ready(f: &Facts) -> Verdict {
+    let (obs, spec) = (f.obs, f.obs.spec);
+    if let Some(conflict) = &obs.conflict {
+        return verdict(false, "Conflict", conflict.clone());
+    }
+    if spec.suspend {
+        return verdict(
+            false,
+            "Suspended",
+            "spec.suspend is true: no worker runs; the mirrors on the peers lapse with their leases",
+        );
+    }
+    if let Some((reason, message)) = obs.config_errors.first() {
+        return verdict(false, reason, message.clone());
+    }
+    if spec.peers.is_empty() {
+        return verdict(true, "NoPeers", "single region: nothing to mirror");
+    }
+    if let Some(h) = obs.peers.iter().find(|h| h.phase == Phase::Fenced) {
+        return verdict(
+            false,
+            "Fenced",
+            format!("another operator instance owns the mirror into {}; this one stopped writing", h.peer),
+        );
+    }
+    if f.ready_count == spec.peers.len() {
+        return verdict(
+            true,
+            "AllPeersReady",
+            format!(
+                "{} of {} peers synced, kept alive and within {}s of lag",
+                f.ready_count,
+                spec.peers.len(),
+                spec.sync.max_ready_lag_seconds
+            ),
+        );
+    }
+    let not_ready: Vec<String> = spec
+        .peers
+        .iter()
+        .filter(|p| !obs.peers.iter().any(|h| h.peer == p.region && f.ready_peer(h)))
+        .map(|p| match obs.peers.iter().find(|h| h.peer == p.region) {
+            None => format!("{}: not running", p.region),
+            Some(h) if !h.synced => format!("{}: {} (initial sync not complete)", p.region, h.phase.as_str()),
+            Some(h) if h.lease_ttl_remaining(obs.now).is_none_or(|t| t <= 0) => {
+                format!("{}: lease not kept alive", p.region)
+            }
+            Some(h) if h.phase != Phase::Watching => format!("{}: {}", p.region, h.phase.as_str()),
+            Some(h) => {
+                format!("{}: lag {:.0}s over {}s", p.region, h.lag_seconds(obs.now), spec.sync.max_ready_lag_seconds)
+            }
+        })
+        .collect();
+    let reason = if obs.peers.iter().any(|h| !h.synced) { "PeerNotSynced" } else { "PeerNotReady" };
+    verdict(false, reason, not_ready.join("; "))
+}
+
+/// Replicating: every worker is past its sync and watching.
+fn replicating(f: &Facts) -> Verdict {
+    let spec = f.obs.spec;
+    if !f.mirroring() {
+        let reason = if spec.peers.is_empty() { "NoPeers" } else { "NotRunning" };
+        return verdict(false, reason, "no mirror worker runs");
+    }
+    let watching = f.obs.peers.iter().filter(|h| h.phase == Phase::Watching && h.synced).count();
+    let all = watching == spec.peers.len();
+    let message = format!("{watching} of {} peers watching the origin after a complete sync", spec.peers.len());
+    verdict(all, if all { "Watching" } else { "Syncing" }, message)
+}
+
+/// PeersReachable: the cross-region failure detector; it reports and never acts.
+fn peers_reachable(f: &Facts) -> Verdict {
+    if !f.mirroring() {
+        return verdict(true, "NotMonitored", "no mirror worker runs");
+    }
+    let unreachable: Vec<&str> = f.obs.peers.iter().filter(|h| !h.reachable).map(|h| h.peer.as_str()).collect();
+    if unreachable.is_empty() {
+        return verdict(true, "Reachable", "every peer answered within the acceptable pause");
+    }
+    verdict(
+        false,
+        "PeerUnreachable",
+        format!(
+            "no round trip to {} within {}s; nothing is deleted, the mirrors lapse only with their leases",
+            unreachable.join(", "),
+            f.obs.spec.failure_detector.acceptable_pause_seconds
+        ),
+    )
+}
+
+/// KeepaliveDegraded: keepalives are failing and the leases are past half their TTL, so it fires
+/// before they would expire.
+fn keepalive_degraded(f: &Facts) -> Verdict {
+    let (now, ttl) = (f.obs.now, f.obs.spec.lease.ttl_seconds);
+    let degraded: Vec<String> = f
+        .obs
+        .peers
+        .iter()
+        .filter(|h| h.keepalive_failures > 0 && h.lease_ttl_remaining(now).is_none_or(|t| t * 2 <= ttl))
+        .map(|h| {
+            format!(
+                "{} ({} failed keepalives, {}s of lease left)",
+                h.peer,
+                h.keepalive_failures,
+                h.lease_ttl_remaining(now).unwrap_or(0)
+            )
+        })
+        .collect();
+    if f.running && !degraded.is_empty() {
+        return verdict(true, "KeepaliveFailing", format!("leases at risk: {}", degraded.join(", ")));
+    }
+    verdict(false, "KeepalivesHealthy", "leases are kept alive")
+}
+
+/// DriftDetected: continuous verification found a peer's copy different from the origin (and
+/// repaired it); it stays True until a whole pass over the subtree finds it clean.
+fn drift_detected(f: &Facts) -> Verdict {
+    let drifted: Vec<String> = f
+        .obs
+        .peers
+        .iter()
+        .filter(|h| h.drift_detected)
+        .map(|h| format!("{} ({} keys repaired so far)", h.peer, h.drift_repaired_keys))
+        .collect();
+    if f.running && !drifted.is_empty() {
+        return verdict(
+            true,
+            "PeerCopyDiffered",
+            format!(
+                "the copy on {} differed from the origin and was repaired; something besides this mirror writes there, or the peer was restored",
+                drifted.join(", ")
+            ),
+        );
+    }
+    verdict(false, "CopiesMatch", "every verified page of the peers' copies matched the origin")
+}
+
+/// ValuesTooLarge: origin values no request to the peer can carry; they are left out of the
+/// mirror (and removed from the peer) until they shrink.
+fn values_too_large(f: &Facts) -> Verdict {
+    let large: Vec<String> = f
+        .obs
+        .peers
+        .iter()
+        .flat_map(|h| h.oversized.iter().map(move |(k, b)| format!("{k} ({b} bytes, into {})", h.peer)))
+        .collect();
+    if f.running && !large.is_empty() {
+        let shown: Vec<&str> = large.iter().take(5).map(String::as_str).collect();
+        let more = if large.len() > 5 { format!(" and {} more", large.len() - 5) } else { String::new() };
+        return verdict(
+            true,
+            "ValueOverPeerLimit",
+            format!(
+                "left out of the mirror: {}{more}; shrink them, or raise the peer's --max-request-bytes and spec.sync.maxRequestBytes",
+                shown.join(", ")
+            ),
+        );
+    }
+    verdict(false, "AllValuesFit", "every value fits in a request the peers accept")
 }
 
 fn peer_status(h: &PeerHealth, now: SystemTime) -> PeerStatus {
@@ -232,7 +317,14 @@ fn peer_status(h: &PeerHealth, now: SystemTime) -> PeerStatus {
             keys: h.keys,
             resyncs: h.resyncs as i64,
             synced: h.synced,
+            drift_repaired_keys: h.drift_repaired_keys as i64,
         },
+        oversized_values: h
+            .oversized
+            .iter()
+            .take(10)
+            .map(|(key, bytes)| OversizedValue { key: key.clone(), bytes: *bytes as i64 })
+            .collect(),
         last_error: h.last_error.as_ref().map(|e| match h.last_error_time {
             Some(t) => format!("{}: {e}", to_time(t).0.strftime("%Y-%m-%dT%H:%M:%SZ")),
             None => e.clone(),
@@ -400,6 +492,28 @@ mod tests {
         let status = compute(None, &observe(&spec, vec![h], now));
         assert_eq!(get(&status, PEERS_REACHABLE).status, "False");
         assert!(get(&status, PEERS_REACHABLE).message.contains("nothing is deleted"));
+    }
+
+    #[test]
+    fn drift_and_values_too_large_are_reported_with_what_to_do() {
+        let now = SystemTime::now();
+        let spec = spec(&["b"]);
+        let status = compute(None, &observe(&spec, vec![healthy("b", now)], now));
+        assert_eq!(get(&status, DRIFT_DETECTED).status, "False");
+        assert_eq!(get(&status, VALUES_TOO_LARGE).status, "False");
+        let mut h = healthy("b", now);
+        h.drift_detected = true;
+        h.drift_repaired_keys = 4;
+        h.oversized = vec![("/aether/v1/regions/a/x".into(), 2_000_000)];
+        let status = compute(None, &observe(&spec, vec![h], now));
+        assert_eq!(get(&status, DRIFT_DETECTED).status, "True");
+        assert!(get(&status, DRIFT_DETECTED).message.contains("b (4 keys repaired"));
+        let large = get(&status, VALUES_TOO_LARGE);
+        assert_eq!(large.status, "True");
+        assert!(large.message.contains("/aether/v1/regions/a/x (2000000 bytes, into b)"), "{}", large.message);
+        assert!(large.message.contains("--max-request-bytes"));
+        assert_eq!(status.peers[0].oversized_values[0].bytes, 2_000_000);
+        assert_eq!(get(&status, READY).status, "True", "the rest of the subtree is mirrored");
     }
 
     #[test]
