@@ -623,3 +623,76 @@ async fn out_of_band_changes_on_the_peer_are_detected_and_repaired() {
     wait_health(&handle, "a clean pass after the repair", |h| h.verify_passes > passes && !h.drift_detected).await;
     handle.shutdown().await;
 }
+
+#[tokio::test]
+async fn randomized_writes_member_kills_and_network_faults_converge() {
+    use rand::{Rng, SeedableRng};
+    let seed: u64 = std::env::var("AETHER_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random);
+    eprintln!("randomized fault test: AETHER_SEED={seed}");
+    logs();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let (origin, mut peer) = tokio::try_join!(EtcdServer::start("a"), EtcdCluster::start("b", 3)).unwrap();
+    // Every peer member sits behind its own proxy, at a cross-region round trip.
+    let mut proxies = Vec::new();
+    for m in peer.members() {
+        let proxy = FaultProxy::start(m.client_addr()).await.unwrap();
+        proxy.set_rtt(Duration::from_millis(rng.random_range(20..60)));
+        proxies.push(proxy);
+    }
+    let peer_target = EtcdTarget::plain(proxies.iter().map(|p| p.endpoint("http")));
+    let mut o = connect(&[origin.endpoint()], None).await;
+    write_keys(&mut o, "a", 0..500, "v0").await;
+    let mut cfg = config("w0");
+    cfg.max_txn_ops = 16;
+    cfg.verify_interval = Duration::from_millis(300);
+    let local = EtcdTarget::plain([origin.endpoint()]);
+    let (mut handle, _e) = start(cfg.clone(), local.clone(), peer_target.clone());
+    let mut down: Option<usize> = None;
+
+    for round in 0..25 {
+        match rng.random_range(0..10) {
+            0 => {
+                // A leader handoff or a crash of the worker.
+                if rng.random_bool(0.5) {
+                    handle.shutdown().await
+                } else {
+                    handle.abort()
+                }
+                cfg.owner_id = format!("w{round}");
+                handle = start(cfg.clone(), local.clone(), peer_target.clone()).0;
+            }
+            1 => match down.take() {
+                // One member at a time is down, so the peer keeps its quorum.
+                Some(i) => peer.restart_member(i).await.unwrap(),
+                None => {
+                    let i = rng.random_range(0..3);
+                    peer.kill_member(i);
+                    down = Some(i);
+                }
+            },
+            2 => proxies[rng.random_range(0..3)].reset_connections(),
+            3 => {
+                let proxy = &proxies[rng.random_range(0..3)];
+                proxy.set_blackhole(true);
+                tokio::time::sleep(Duration::from_millis(rng.random_range(100..1500))).await; // the outage
+                proxy.set_blackhole(false);
+            }
+            _ => {
+                for _ in 0..rng.random_range(1..40) {
+                    let i = rng.random_range(0..600);
+                    if rng.random_bool(0.25) {
+                        o.delete(endpoint_key("a", i), None).await.unwrap();
+                    } else {
+                        o.put(endpoint_key("a", i), endpoint_value("a", i, &format!("r{round}")), None).await.unwrap();
+                    }
+                }
+            }
+        }
+    }
+    if let Some(i) = down {
+        peer.restart_member(i).await.unwrap();
+    }
+    let p = connect(&peer.endpoints(), None).await;
+    converged(&o, &p, "a", Duration::from_secs(120)).await;
+    handle.shutdown().await;
+}

@@ -185,7 +185,17 @@ async fn reconcile(rp: Arc<RegionPeering>, ctx: Arc<Context>) -> Result<Action, 
         publish_once(&ctx, &rp, reason, message.clone()).await;
     }
 
-    // Start, restart and stop workers.
+    // Start, restart and stop workers. A worker that ended on its own (only a panic ends one) is
+    // started again.
+    if let Some(workers) = ctx.workers.lock().expect("workers lock").get_mut(&key) {
+        workers.retain(|peer, r| {
+            let finished = r.handle.is_finished();
+            if finished {
+                warn!(object = key, peer, "mirror worker ended on its own; starting it again");
+            }
+            !finished
+        });
+    }
     let running: BTreeMap<String, u64> = ctx
         .workers
         .lock()
