@@ -115,7 +115,10 @@ pub async fn converged(origin: &Client, peer: &Client, region: &str, deadline: D
     let start = std::time::Instant::now();
     loop {
         let (mut o, mut p) = (origin.clone(), peer.clone());
-        let Some(difference) = difference(&mut o, &mut p, region).await else { return };
+        let Some(difference) = difference(&mut o, &mut p, region).await else {
+            eprintln!("peer == origin after {:?}", start.elapsed());
+            return;
+        };
         if start.elapsed() > deadline {
             panic!("peer != origin after {deadline:?}: {difference}");
         }
