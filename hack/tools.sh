@@ -27,6 +27,11 @@ fi
 die() { echo "tools: $*" >&2; exit 1; }
 say() { echo "tools: $*"; }
 
+# Look tools up outside the cache's own bin directory (make puts it first on PATH): linking
+# protoc to itself would make a loop.
+PATH=$(printf '%s' "$PATH" | tr ':' '\n' | grep -vxF "$bin_dir" | paste -sd: -)
+export PATH
+
 command -v go >/dev/null || die "Go is needed to build kube-apiserver, etcd, helm and kubeconform; install Go 1.25+ (https://go.dev/doc/install)"
 mkdir -p "$bin_dir"
 

@@ -171,11 +171,17 @@ async fn the_operator_runs_as_its_service_account_and_follows_the_spec() {
     .unwrap();
 
     // Events and metrics say what happened, with region and peer.
-    let events = kubectl(&apiserver, &["get", "events", "-n", NS, "-o", "custom-columns=REASON:.reason,NOTE:.message"]);
-    for reason in ["LeaderElected", "LeaseGranted", "Synced", "ResyncStarted"] {
-        assert!(events.contains(reason), "no {reason} event in\n{events}");
-    }
-    assert!(events.contains("a -> b") && events.contains("a -> c"), "{events}");
+    // Events are written asynchronously: poll for them.
+    let mut events = String::new();
+    let seen = wait_until("events", WAIT, || {
+        events = kubectl(&apiserver, &["get", "events", "-n", NS, "-o", "custom-columns=REASON:.reason,NOTE:.message"]);
+        let all = ["LeaderElected", "LeaseGranted", "Synced", "ResyncStarted"].iter().all(|r| events.contains(r))
+            && events.contains("a -> b")
+            && events.contains("a -> c");
+        async move { Ok(all) }
+    })
+    .await;
+    assert!(seen.is_ok(), "events missing in\n{events}");
     wait_until("metrics", WAIT, || async {
         let metrics = scrape_metrics(metrics_port).await;
         Ok(metrics.contains(r#"aether_federation_mirrored_keys{region="a",peer="b"} 101"#)
