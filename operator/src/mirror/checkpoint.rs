@@ -5,6 +5,7 @@
 //! - the progress: the origin revision the peer holds completely, written in the same Txn as
 //!   every watch batch (a few dozen bytes, whatever the number of leases);
 //! - the owner: who writes this origin's mirror; its mod revision is the fencing epoch.
+//!
 //! A new leader adopts the leases and resumes from them instead of re-putting every key.
 use serde::{Deserialize, Serialize};
 
