@@ -148,6 +148,16 @@ pub fn progress_key(origin: &str) -> String {
     format!("{}progress", federation_prefix(origin))
 }
 
+/// The lock of the v0 -> v1 drain of one legacy prefix: one drain per prefix per etcd.
+pub fn drain_lock_key(legacy_prefix: &str) -> String {
+    format!("/aether/v1/drain/lock{legacy_prefix}")
+}
+
+/// Where the drain of one legacy prefix records its progress.
+pub fn drain_record_key(legacy_prefix: &str) -> String {
+    format!("/aether/v1/drain/progress{legacy_prefix}")
+}
+
 /// The owner record for `origin` on a peer; its mod revision is the fencing epoch.
 pub fn owner_key(origin: &str) -> String {
     format!("{}owner", federation_prefix(origin))

@@ -247,6 +247,8 @@ async fn run_drain(args: DrainArgs) -> anyhow::Result<aether_operator::drain::Dr
     settings.legacy_prefix = args.legacy_prefix.clone();
     settings.dry_run = args.dry_run;
     settings.quiet_period = Duration::from_secs(args.quiet_period_seconds);
+    let host = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
+    settings.holder = format!("the aether-operator drain CLI on {host} (pid {})", std::process::id());
     settings.batch_size = args.batch_size.clamp(1, 128);
     settings.rate_limit_per_second = args.rate_limit;
     let (progress, _) = tokio::sync::watch::channel(Default::default());

@@ -117,6 +117,9 @@ pub struct RegistrySchemaStatus {
     /// The first few legacy keys skipped as malformed; they are left in place.
     #[serde(default)]
     pub skipped_keys: Vec<String>,
+    /// The first few legacy keys naming another region, with the region; left in place.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub foreign_keys: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_time: Option<Time>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -141,4 +144,8 @@ pub struct DrainCounts {
     pub deleted: i64,
     /// Compares that failed because a legacy writer changed the key meanwhile; retried.
     pub conflicts: i64,
+    /// Legacy values naming another region: left in place, never deleted. Only that region
+    /// writes its subtree; drain them from that region's etcd (or move them there).
+    #[serde(default)]
+    pub foreign: i64,
 }

@@ -59,7 +59,41 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>, stop: Cancellatio
         Some(ns) => Api::namespaced(ctx.client.clone(), ns),
         None => Api::all(ctx.client.clone()),
     };
-    Controller::new(api, watcher::Config::default())
+    let controller = Controller::new(api, watcher::Config::default());
+    // A drain follows its legacy prefix for as long as its RegistrySchema exists: stop the drains
+    // of objects that are gone (nothing reconciles an object after its deletion).
+    let store = controller.store();
+    let sweeper = {
+        let (ctx, stop) = (ctx.clone(), stop.clone());
+        tokio::spawn(async move {
+            // Until the store has listed once, "absent" means "not seen yet".
+            if store.wait_until_ready().await.is_err() {
+                return;
+            }
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+                }
+                {
+                    let present: std::collections::HashSet<String> = store
+                        .state()
+                        .iter()
+                        .map(|rs| format!("{}/{}", rs.namespace().unwrap_or_default(), rs.name_any()))
+                        .collect();
+                    ctx.drains.lock().expect("lock").retain(|key, d| {
+                        let keep = present.contains(key);
+                        if !keep {
+                            info!(object = %key, "RegistrySchema deleted; its drain stops");
+                            d.cancel.cancel();
+                        }
+                        keep
+                    });
+                }
+            }
+        })
+    };
+    controller
         .graceful_shutdown_on(stop.cancelled_owned())
         .run(
             reconcile,
@@ -71,6 +105,7 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>, stop: Cancellatio
         )
         .for_each(|_| async {})
         .await;
+    sweeper.abort();
 }
 
 async fn reconcile(rs: Arc<RegistrySchema>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -79,13 +114,7 @@ async fn reconcile(rs: Arc<RegistrySchema>, ctx: Arc<Context>) -> Result<Action,
     let spec = &rs.spec;
     let api: Api<RegistrySchema> = Api::namespaced(ctx.client.clone(), &namespace);
 
-    // A finished drain stays finished until the spec changes.
     let previous = rs.status.clone().unwrap_or_default();
-    let done = previous.phase.as_deref() == Some(DrainPhase::Complete.as_str())
-        && previous.observed_generation == rs.metadata.generation;
-    if done && !ctx.drains.lock().expect("lock").contains_key(&key) {
-        return Ok(Action::requeue(Duration::from_secs(300)));
-    }
 
     let secret = match &spec.etcd.tls {
         Some(tls) => Api::<Secret>::namespaced(ctx.client.clone(), &namespace).get_opt(&tls.secret_ref.name).await?,
@@ -114,6 +143,10 @@ async fn reconcile(rs: Arc<RegistrySchema>, ctx: Arc<Context>) -> Result<Action,
         settings.rate_limit_per_second = spec.drain.rate_limit_per_second.max(0) as u64;
         settings.quiet_period = Duration::from_secs(spec.drain.quiet_period_seconds.max(0) as u64);
         settings.dry_run = spec.dry_run;
+        // After Complete the drain keeps following the legacy prefix while this object exists:
+        // registrars still on v0 that write late are migrated too.
+        settings.follow = true;
+        settings.holder = format!("RegistrySchema {key} (operator {})", ctx.settings.identity);
         let (tx, rx) = watch::channel(DrainReport {
             phase: Some(DrainPhase::Pending),
             dry_run: spec.dry_run,
@@ -171,12 +204,7 @@ async fn reconcile(rs: Arc<RegistrySchema>, ctx: Arc<Context>) -> Result<Action,
         (report, error)
     };
     let status = status_from(&previous, rs.metadata.generation, &report, error.as_deref());
-    let complete = report.phase == Some(DrainPhase::Complete);
     patch(&api, &rs.name_any(), &previous, status).await?;
-    if complete {
-        ctx.drains.lock().expect("lock").remove(&key);
-        return Ok(Action::requeue(Duration::from_secs(300)));
-    }
     Ok(Action::requeue(ctx.settings.refresh_interval.min(Duration::from_secs(2))))
 }
 
@@ -235,7 +263,10 @@ pub fn status_from(
         "Migrated",
         copied_all && !report.dry_run,
         if copied_all { "SnapshotCopied" } else { "Copying" },
-        &format!("{} copied, {} already in v1, {} skipped{dry}", report.copied, report.already_present, report.skipped),
+        &format!(
+            "{} copied, {} already in v1, {} skipped, {} naming another region (left in place){dry}",
+            report.copied, report.already_present, report.skipped, report.foreign
+        ),
         generation,
     );
     let drained = condition(
@@ -263,8 +294,10 @@ pub fn status_from(
             skipped: report.skipped,
             deleted: report.deleted,
             conflicts: report.conflicts,
+            foreign: report.foreign,
         },
         skipped_keys: report.skipped_keys.clone(),
+        foreign_keys: report.foreign_keys.clone(),
         started_time: previous.started_time.clone().or_else(|| Some(now())),
         completed_time: if complete { previous.completed_time.clone().or_else(|| Some(now())) } else { None },
         message: error.map(|e| format!("retrying after: {e}")).or_else(|| report.message.clone()),

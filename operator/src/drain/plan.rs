@@ -17,33 +17,51 @@ pub enum Decision {
     AlreadyPresent { v1_key: EndpointKeyV1 },
     /// Malformed: left in place, counted and reported, never deleted.
     Skip { reason: String },
+    /// The value names another region: only that region writes its subtree, anywhere. Left in
+    /// place, counted and reported, never deleted (that region's operator should drain it from
+    /// its own etcd, or someone moves it there).
+    Foreign { region: String },
 }
 
-/// Where the v1 key of a legacy key is: origin from the value, defaults for what it lacks.
+/// Why a legacy key has no v1 key in this drain's region.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Unmigratable {
+    Malformed(String),
+    Foreign { region: String },
+}
+
+/// Where the v1 key of a legacy key is: origin from the value, the drain's region and default
+/// cluster for what it lacks. A value naming another region than `region` (the drain's) has no
+/// v1 key here: this region writes only under its own subtree.
 pub fn v1_key_for(
     legacy_key: &str,
     legacy_prefix: &str,
     value: &[u8],
-    default_region: &str,
+    region: &str,
     default_cluster: &str,
-) -> Result<EndpointKeyV1, String> {
-    let key = EndpointKeyV0::parse_under(legacy_key, legacy_prefix).map_err(|e| e.to_string())?;
-    let value = EndpointValue::parse(value).map_err(|e| format!("value is not endpoint JSON: {e}"))?;
-    let region = value.region.as_deref().filter(|r| !r.is_empty()).unwrap_or(default_region);
+) -> Result<EndpointKeyV1, Unmigratable> {
+    let malformed = Unmigratable::Malformed;
+    let key = EndpointKeyV0::parse_under(legacy_key, legacy_prefix).map_err(|e| malformed(e.to_string()))?;
+    let value = EndpointValue::parse(value).map_err(|e| malformed(format!("value is not endpoint JSON: {e}")))?;
+    let named = value.region.as_deref().filter(|r| !r.is_empty()).unwrap_or(region);
     let cluster = value.cluster_name.as_deref().filter(|c| !c.is_empty()).unwrap_or(default_cluster);
-    if !is_dns_label(region) {
-        return Err(format!("region {region:?} is not a DNS label"));
+    if !is_dns_label(named) {
+        return Err(malformed(format!("region {named:?} is not a DNS label")));
     }
     if cluster.contains('/') || cluster.chars().any(char::is_whitespace) {
-        return Err(format!("cluster {cluster:?} cannot be a key segment"));
+        return Err(malformed(format!("cluster {cluster:?} cannot be a key segment")));
+    }
+    if named != region {
+        return Err(Unmigratable::Foreign { region: named.to_string() });
     }
     Ok(key.to_v1(region, cluster))
 }
 
 /// Decides for one legacy key seen at `legacy_mod_revision`, given its v1 key's state.
-pub fn decide(v1_key: Result<EndpointKeyV1, String>, legacy_mod_revision: i64, v1: Option<&V1State>) -> Decision {
+pub fn decide(v1_key: Result<EndpointKeyV1, Unmigratable>, legacy_mod_revision: i64, v1: Option<&V1State>) -> Decision {
     match v1_key {
-        Err(reason) => Decision::Skip { reason },
+        Err(Unmigratable::Malformed(reason)) => Decision::Skip { reason },
+        Err(Unmigratable::Foreign { region }) => Decision::Foreign { region },
         Ok(v1_key) => match v1 {
             Some(state) if state.mod_revision > legacy_mod_revision => Decision::AlreadyPresent { v1_key },
             _ => Decision::Copy { v1_key },
@@ -52,7 +70,7 @@ pub fn decide(v1_key: Result<EndpointKeyV1, String>, legacy_mod_revision: i64, v
 }
 
 /// The drain's phases.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum DrainPhase {
     Pending,
     /// Copying the legacy snapshot.
@@ -75,8 +93,10 @@ impl DrainPhase {
     }
 }
 
-/// Progress and counters, as status and the CLI print them.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// Progress and counters, as status and the CLI print them. Recorded in etcd with the drain's
+/// progress, so the counters are cumulative across restarts.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default, rename_all = "camelCase")]
 pub struct DrainReport {
     pub phase: Option<DrainPhase>,
     pub legacy_seen: i64,
@@ -85,10 +105,45 @@ pub struct DrainReport {
     pub skipped: i64,
     pub deleted: i64,
     pub conflicts: i64,
+    /// Legacy values naming another region: left in place.
+    pub foreign: i64,
     /// The first few skipped keys with why.
     pub skipped_keys: Vec<String>,
+    /// The first few foreign keys with the region they name.
+    pub foreign_keys: Vec<String>,
     pub dry_run: bool,
     pub message: Option<String>,
+}
+
+/// Where a drain stands, recorded in etcd next to its lock after every step, so that a restart
+/// (a kill, a compaction, a new leader) resumes instead of starting over.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+pub struct DrainRecord {
+    /// The revision the copy pass reads the legacy prefix at (0: not started).
+    pub copy_revision: i64,
+    /// The next legacy key to copy; None once the copy pass is done.
+    pub copy_cursor: Option<String>,
+    /// Set when the copy pass had to move to a later revision (the first was compacted): keys
+    /// written after this revision are copied again by a catch-up scan.
+    pub catch_up_from: Option<i64>,
+    /// Legacy writes up to this revision are forwarded.
+    pub watermark: i64,
+    pub report: DrainReport,
+}
+
+impl DrainRecord {
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a drain record always serializes")
+    }
+
+    pub fn decode(bytes: &[u8]) -> Option<DrainRecord> {
+        serde_json::from_slice(bytes).ok()
+    }
+
+    pub fn copying(&self) -> bool {
+        self.copy_revision == 0 || self.copy_cursor.is_some()
+    }
 }
 
 /// How many skipped keys the report names.
@@ -104,6 +159,12 @@ impl DrainReport {
                 self.skipped += 1;
                 if self.skipped_keys.len() < SKIPPED_KEYS_SHOWN {
                     self.skipped_keys.push(format!("{key}: {reason}"));
+                }
+            }
+            Decision::Foreign { region } => {
+                self.foreign += 1;
+                if self.foreign_keys.len() < SKIPPED_KEYS_SHOWN {
+                    self.foreign_keys.push(format!("{key}: region {region}"));
                 }
             }
         }
@@ -125,6 +186,15 @@ impl DrainReport {
         for key in &self.skipped_keys {
             out.push_str(&format!("  skipped {key}\n"));
         }
+        if self.foreign > 0 {
+            out.push_str(&format!(
+                "naming another region (left in place; drain them from that region's etcd): {}\n",
+                self.foreign
+            ));
+        }
+        for key in &self.foreign_keys {
+            out.push_str(&format!("  foreign {key}\n"));
+        }
         if let Some(m) = &self.message {
             out.push_str(&format!("{m}\n"));
         }
@@ -141,13 +211,16 @@ mod tests {
     #[test]
     fn origin_comes_from_the_value_then_the_defaults() {
         let k = "/aether/services/web/protocols/http/endpoints/10.0.0.1";
-        let full = v1_key_for(k, PREFIX, br#"{"region":"eu","clusterName":"c9"}"#, "dr", "dc").unwrap();
+        let full = v1_key_for(k, PREFIX, br#"{"region":"eu","clusterName":"c9"}"#, "eu", "dc").unwrap();
         assert_eq!(
             full.to_string(),
             "/aether/v1/regions/eu/clusters/c9/services/web/protocols/http/endpoints/10.0.0.1"
         );
-        let bare = v1_key_for(k, PREFIX, br#"{"zone":"z"}"#, "dr", "dc").unwrap();
-        assert_eq!((bare.region.as_str(), bare.cluster.as_str()), ("dr", "dc"));
+        let bare = v1_key_for(k, PREFIX, br#"{"zone":"z"}"#, "eu", "dc").unwrap();
+        assert_eq!((bare.region.as_str(), bare.cluster.as_str()), ("eu", "dc"));
+        let ipv6 = "/aether/services/web/protocols/http/endpoints/fd00::1";
+        let v6 = v1_key_for(ipv6, PREFIX, br#"{"region":"eu"}"#, "eu", "dc").unwrap();
+        assert_eq!(v6.to_string(), "/aether/v1/regions/eu/clusters/dc/services/web/protocols/http/endpoints/fd00::1");
     }
 
     #[test]
@@ -168,6 +241,18 @@ mod tests {
     }
 
     #[test]
+    fn a_value_naming_another_region_is_foreign_and_never_copied() {
+        let k = "/aether/services/web/protocols/http/endpoints/10.0.0.1";
+        let target = v1_key_for(k, PREFIX, br#"{"region":"us","clusterName":"c9"}"#, "eu", "dc");
+        assert_eq!(target, Err(Unmigratable::Foreign { region: "us".into() }));
+        assert_eq!(decide(target, 5, None), Decision::Foreign { region: "us".into() });
+        let mut r = DrainReport::default();
+        r.record(k, &Decision::Foreign { region: "us".into() });
+        assert_eq!((r.foreign, r.copied, r.skipped), (1, 0, 0));
+        assert!(r.render().contains("foreign /aether/services/web/protocols/http/endpoints/10.0.0.1: region us"));
+    }
+
+    #[test]
     fn a_newer_v1_write_is_never_overwritten() {
         let key = || v1_key_for("/aether/services/s/protocols/p/endpoints/1.2.3.4", PREFIX, b"{}", "r", "c");
         assert!(matches!(decide(key(), 10, None), Decision::Copy { .. }));
@@ -176,6 +261,22 @@ mod tests {
             decide(key(), 10, Some(&V1State { mod_revision: 11, value: vec![] })),
             Decision::AlreadyPresent { .. }
         ));
+    }
+
+    #[test]
+    fn a_record_roundtrips_and_says_whether_the_copy_is_done() {
+        let fresh = DrainRecord::default();
+        assert!(fresh.copying());
+        let r = DrainRecord {
+            copy_revision: 9,
+            copy_cursor: None,
+            watermark: 12,
+            report: DrainReport { phase: Some(DrainPhase::Draining), copied: 3, ..Default::default() },
+            ..Default::default()
+        };
+        assert!(!r.copying());
+        assert_eq!(DrainRecord::decode(&r.encode()), Some(r));
+        assert_eq!(DrainRecord::decode(b"garbage"), None);
     }
 
     #[test]

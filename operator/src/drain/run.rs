@@ -1,28 +1,41 @@
-//! The drain's IO. Every step is idempotent, so a restart at any point simply runs it again:
-//! a key already copied reads as "already present" (its v1 key is newer than the legacy write).
+//! The drain's IO. It holds the prefix's lock (`lock.rs`) and records where it stands after
+//! every step (`DrainRecord`), so a kill, a compaction or a new leader resumes it.
 //!
 //! 1. Copying: the legacy prefix, paged at one revision R, copied in batches of nested Txns; each
 //!    copy compares the legacy key's mod revision and the v1 key's state, so that neither a
-//!    legacy writer's nor a new registrar's concurrent write is lost or overwritten.
-//! 2. Draining: a watch on the legacy prefix from R+1 forwards legacy puts (and deletes, to v1
-//!    copies that still hold the deleted value) until the prefix has been quiet for the quiet period.
+//!    legacy writer's nor a new registrar's concurrent write is lost or overwritten. If R is
+//!    compacted mid-copy, the copy goes on from where it stands at a later revision, and a
+//!    catch-up scan then copies again every key written since R.
+//! 2. Draining: a watch on the legacy prefix from the last forwarded revision forwards legacy
+//!    puts (and deletes, to v1 copies that still hold the deleted value) until the prefix has
+//!    been quiet for the quiet period. The drain's own deletes are recognised by their revision
+//!    and never forwarded.
 //! 3. Deleting: every legacy key whose v1 key is newer is deleted with a compare on its mod
-//!    revision; a key written meanwhile fails its compare, is copied, and the drain goes on.
-//!    Malformed keys are never deleted.
-use super::plan::{Decision, DrainPhase, DrainReport, V1State, decide, v1_key_for};
-use crate::keys::prefix_range_end;
+//!    revision; a key written meanwhile fails its compare and is forwarded by the next round.
+//!    Malformed keys and keys naming another region are never deleted.
+//!
+//! The drain is Complete once a delete pass left nothing and a forwarding round after it saw
+//! nothing. A RegistrySchema's drain then keeps following the prefix (`follow`): late writes of
+//! registrars still on v0 are migrated and counted. The CLI stops at Complete.
+use super::lock::DrainLock;
+use super::plan::{Decision, DrainPhase, DrainRecord, DrainReport, V1State, decide, v1_key_for};
+use crate::keys::{drain_record_key, prefix_range_end};
+// Responses of large registries exceed the client's default 4 MiB decode limit.
+use crate::mirror::target::{kv, watcher};
 use anyhow::{Context, anyhow};
 use etcd_client::{Client, Compare, CompareOp, EventType, GetOptions, Txn, TxnOp, TxnOpResponse, WatchOptions};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{info, warn};
 
 #[derive(Clone, Debug)]
 pub struct DrainSettings {
     pub legacy_prefix: String,
+    /// The drain's region: legacy values naming another are left in place.
     pub default_region: String,
     pub default_cluster: String,
     /// Legacy keys per Txn (one nested Txn each).
@@ -34,6 +47,12 @@ pub struct DrainSettings {
     /// Batches in flight at once (their keys are distinct).
     pub parallelism: usize,
     pub rpc_timeout: Duration,
+    /// Who runs this drain, as the lock names it to anyone else who tries.
+    pub holder: String,
+    /// Keep following the legacy prefix after Complete (a RegistrySchema does; the CLI does not).
+    pub follow: bool,
+    /// How long the prefix's lock outlives a drain that died without releasing it.
+    pub lock_ttl_seconds: i64,
 }
 
 impl DrainSettings {
@@ -48,6 +67,9 @@ impl DrainSettings {
             dry_run: false,
             parallelism: 8,
             rpc_timeout: Duration::from_secs(10),
+            holder: format!("aether-operator drain (pid {})", std::process::id()),
+            follow: false,
+            lock_ttl_seconds: super::lock::LOCK_TTL_SECONDS,
         }
     }
 }
@@ -60,52 +82,121 @@ struct Legacy {
     mod_revision: i64,
 }
 
+/// What the drain's writes compare: the lock's epoch (None for a dry run, which writes nothing).
+type Fence = Option<Compare>;
+
 /// Runs the drain to completion (or, for a dry run, through the copy pass), publishing progress
 /// on `progress`. Returns the final report; stops early, with the report so far, on `cancel`.
+/// Fails at once, naming the holder, when another drain holds the prefix.
 pub async fn drain(
     client: &Client,
     settings: &DrainSettings,
     progress: &watch::Sender<DrainReport>,
     cancel: &CancellationToken,
 ) -> anyhow::Result<DrainReport> {
-    let mut report =
-        DrainReport { phase: Some(DrainPhase::Copying), dry_run: settings.dry_run, ..DrainReport::default() };
-    progress.send_replace(report.clone());
-    let started = Instant::now();
-
-    // 1. Copy the snapshot at R.
-    let revision = copy_pass(client, settings, &mut report, progress, cancel, started).await?;
     if settings.dry_run {
-        report.phase = Some(DrainPhase::Complete);
-        report.message = Some("dry run: nothing was written".to_string());
-        progress.send_replace(report.clone());
-        return Ok(report);
+        return dry_run(client, settings, progress, cancel).await;
     }
-    let mut from = revision + 1;
-    loop {
-        // 2. Forward legacy writes until the prefix has been quiet for the quiet period.
-        report.phase = Some(DrainPhase::Draining);
-        progress.send_replace(report.clone());
-        if forward_until_quiet(client, settings, from, &mut report, progress, cancel).await?.is_none() {
-            return Ok(report);
-        }
-        // 3. Delete what is copied; anything written meanwhile is copied and drained again.
-        let (pending, next) = delete_pass(client, settings, &mut report, progress, cancel).await?;
+    let lock = DrainLock::acquire(client, &settings.legacy_prefix, &settings.holder, settings.lock_ttl_seconds).await?;
+    let result = drain_locked(client, settings, &lock, progress, cancel).await;
+    lock.release(client).await;
+    result
+}
+
+/// A dry run: the copy pass's decisions, counted, nothing written and no lock taken.
+async fn dry_run(
+    client: &Client,
+    settings: &DrainSettings,
+    progress: &watch::Sender<DrainReport>,
+    cancel: &CancellationToken,
+) -> anyhow::Result<DrainReport> {
+    let mut record = DrainRecord::default();
+    record.report = DrainReport { phase: Some(DrainPhase::Copying), dry_run: true, ..DrainReport::default() };
+    progress.send_replace(record.report.clone());
+    copy_pass(client, settings, &None, &mut record, progress, cancel).await?;
+    let mut report = record.report;
+    report.phase = Some(DrainPhase::Complete);
+    report.message = Some("dry run: nothing was written".to_string());
+    progress.send_replace(report.clone());
+    Ok(report)
+}
+
+async fn drain_locked(
+    client: &Client,
+    settings: &DrainSettings,
+    lock: &DrainLock,
+    progress: &watch::Sender<DrainReport>,
+    cancel: &CancellationToken,
+) -> anyhow::Result<DrainReport> {
+    let fence: Fence = Some(lock.compare());
+    let started = Instant::now();
+    let mut record = read_record(client, settings).await?.unwrap_or_default();
+    record.report.dry_run = false;
+    record.report.message = None;
+    if record.report.phase.is_none() || record.report.phase == Some(DrainPhase::Pending) {
+        record.report.phase = Some(DrainPhase::Copying);
+    }
+    progress.send_replace(record.report.clone());
+
+    // 1. Copy the snapshot (resuming where a previous run stood).
+    if record.copying() {
+        copy_pass(client, settings, &fence, &mut record, progress, cancel).await?;
         if cancel.is_cancelled() {
-            return Ok(report);
+            return Ok(record.report);
         }
-        if pending == 0 {
-            report.phase = Some(DrainPhase::Complete);
-            report.message = Some(format!(
-                "legacy prefix {} drained in {:.1}s",
-                settings.legacy_prefix,
-                started.elapsed().as_secs_f64()
-            ));
-            progress.send_replace(report.clone());
-            info!(copied = report.copied, deleted = report.deleted, skipped = report.skipped, "drain complete");
-            return Ok(report);
+        if let Some(since) = record.catch_up_from.take() {
+            let at = catch_up(client, settings, &fence, &mut record, since, progress).await?;
+            record.copy_revision = at;
         }
-        from = next;
+        record.watermark = record.copy_revision;
+        record.report.phase = Some(DrainPhase::Draining);
+        save_record(client, settings, &fence, &record).await?;
+        progress.send_replace(record.report.clone());
+    }
+
+    // 2 and 3, until a delete pass leaves nothing and the forwarding round after it sees nothing.
+    let mut own_deletes: HashSet<i64> = HashSet::new();
+    let mut deleted_everything = false;
+    loop {
+        let Some(forwarded) =
+            forward_until_quiet(client, settings, &fence, &mut record, &own_deletes, progress, cancel).await?
+        else {
+            return Ok(record.report);
+        };
+        save_record(client, settings, &fence, &record).await?;
+        if deleted_everything && forwarded == 0 {
+            if record.report.phase != Some(DrainPhase::Complete) {
+                record.report.phase = Some(DrainPhase::Complete);
+                info!(
+                    copied = record.report.copied,
+                    deleted = record.report.deleted,
+                    skipped = record.report.skipped,
+                    foreign = record.report.foreign,
+                    "drain complete"
+                );
+            }
+            let took = started.elapsed().as_secs_f64();
+            record.report.message = Some(if settings.follow {
+                format!("legacy prefix {} drained; following it for late writes", settings.legacy_prefix)
+            } else {
+                format!("legacy prefix {} drained in {took:.1}s", settings.legacy_prefix)
+            });
+            save_record(client, settings, &fence, &record).await?;
+            progress.send_replace(record.report.clone());
+            if !settings.follow {
+                return Ok(record.report);
+            }
+            continue;
+        }
+        if record.report.phase != Some(DrainPhase::Complete) {
+            record.report.phase = Some(DrainPhase::Draining);
+        }
+        let pending = delete_pass(client, settings, &fence, &mut record, &mut own_deletes, progress, cancel).await?;
+        if cancel.is_cancelled() {
+            return Ok(record.report);
+        }
+        save_record(client, settings, &fence, &record).await?;
+        deleted_everything = pending == 0;
     }
 }
 
@@ -120,81 +211,191 @@ async fn rpc<T>(
     }
 }
 
-/// Pages the legacy prefix at one revision and copies it; returns that revision.
+fn is_compacted(e: &anyhow::Error) -> bool {
+    format!("{e:#}").contains("required revision has been compacted")
+}
+
+/// A Txn of the drain: applies only while this drain holds the lock.
+async fn fenced_txn(
+    kv: &mut etcd_client::KvClient,
+    settings: &DrainSettings,
+    fence: &Fence,
+    what: &str,
+    ops: Vec<TxnOp>,
+) -> anyhow::Result<etcd_client::TxnResponse> {
+    let txn = match fence {
+        Some(compare) => Txn::new().when([compare.clone()]).and_then(ops),
+        None => Txn::new().and_then(ops),
+    };
+    let resp = rpc(settings.rpc_timeout, what, kv.txn(txn)).await?;
+    if !resp.succeeded() {
+        anyhow::bail!(
+            "the drain lock on {} was lost (another drain took it over); this drain stops writing",
+            settings.legacy_prefix
+        );
+    }
+    Ok(resp)
+}
+
+async fn read_record(client: &Client, settings: &DrainSettings) -> anyhow::Result<Option<DrainRecord>> {
+    let mut kv = kv(client);
+    let resp =
+        rpc(settings.rpc_timeout, "read the drain's record", kv.get(drain_record_key(&settings.legacy_prefix), None))
+            .await?;
+    Ok(resp.kvs().first().and_then(|kv| DrainRecord::decode(kv.value())))
+}
+
+async fn save_record(
+    client: &Client,
+    settings: &DrainSettings,
+    fence: &Fence,
+    record: &DrainRecord,
+) -> anyhow::Result<()> {
+    if fence.is_none() {
+        return Ok(());
+    }
+    let mut kv = kv(client);
+    let put = TxnOp::put(drain_record_key(&settings.legacy_prefix), record.encode(), None);
+    fenced_txn(&mut kv, settings, fence, "record the drain's progress", vec![put]).await?;
+    Ok(())
+}
+
+/// Pages the legacy prefix at the record's copy revision from its cursor and copies it. A
+/// compacted revision moves the copy to the current one (and schedules a catch-up scan).
 async fn copy_pass(
     client: &Client,
     settings: &DrainSettings,
-    report: &mut DrainReport,
+    fence: &Fence,
+    record: &mut DrainRecord,
     progress: &watch::Sender<DrainReport>,
     cancel: &CancellationToken,
-    started: Instant,
-) -> anyhow::Result<i64> {
-    let mut kv = client.kv_client();
-    let (mut cursor, end, revision) = legacy_snapshot(&mut kv, settings).await?;
-    let mut inflight = FuturesUnordered::new();
+) -> anyhow::Result<()> {
+    let mut kv = kv(client);
+    let end = prefix_range_end(settings.legacy_prefix.as_bytes());
+    if record.copy_revision == 0 {
+        record.copy_revision = head_revision(&mut kv, settings).await?;
+        record.copy_cursor = Some(settings.legacy_prefix.clone());
+    }
+    let mut cursor = record.copy_cursor.clone().unwrap_or_else(|| settings.legacy_prefix.clone()).into_bytes();
     let page = (settings.batch_size * settings.parallelism.max(1) * 2) as i64;
+    let started = Instant::now();
+    let seen_before = record.report.legacy_seen;
     loop {
         if cancel.is_cancelled() {
-            return Ok(revision);
+            return Ok(());
         }
-        let (legacy, more) = legacy_page(&mut kv, settings, &end, &mut cursor, revision, page).await?;
-        for batch in legacy.chunks(settings.batch_size.max(1)) {
-            while inflight.len() >= settings.parallelism.max(1) {
-                merge(report, inflight.next().await.expect("non-empty")?);
+        let (legacy, more) = match legacy_page(&mut kv, settings, &end, &cursor, record.copy_revision, page).await {
+            Ok(page) => page,
+            Err(e) if is_compacted(&e) => {
+                let now = head_revision(&mut kv, settings).await?;
+                warn!(
+                    from = record.copy_revision,
+                    to = now,
+                    "the copy's revision was compacted; going on at a later one"
+                );
+                record.catch_up_from.get_or_insert(record.copy_revision);
+                record.copy_revision = now;
+                continue;
             }
-            inflight.push(copy_batch(client.clone(), settings.clone(), batch.to_vec()));
+            Err(e) => return Err(e),
+        };
+        copy_all(client, settings, fence, &legacy, &mut record.report).await?;
+        match legacy.last() {
+            Some(last) if more => {
+                cursor = last.key.clone().into_bytes();
+                cursor.push(0);
+                record.copy_cursor = Some(String::from_utf8_lossy(&cursor).into_owned());
+            }
+            _ => record.copy_cursor = None,
         }
-        while inflight.len() > settings.parallelism.max(1) {
+        save_record(client, settings, fence, record).await?;
+        progress.send_replace(record.report.clone());
+        pace(settings, record.report.legacy_seen - seen_before, started).await;
+        if record.copy_cursor.is_none() {
+            return Ok(());
+        }
+    }
+}
+
+/// Copies again every legacy key written after `since` (the copy moved past a compaction);
+/// returns the revision it read at.
+async fn catch_up(
+    client: &Client,
+    settings: &DrainSettings,
+    fence: &Fence,
+    record: &mut DrainRecord,
+    since: i64,
+    progress: &watch::Sender<DrainReport>,
+) -> anyhow::Result<i64> {
+    let mut kv = kv(client);
+    let end = prefix_range_end(settings.legacy_prefix.as_bytes());
+    let at = head_revision(&mut kv, settings).await?;
+    let mut cursor = settings.legacy_prefix.clone().into_bytes();
+    let page = (settings.batch_size * settings.parallelism.max(1) * 2) as i64;
+    loop {
+        let (legacy, more) = legacy_page(&mut kv, settings, &end, &cursor, at, page).await?;
+        let changed: Vec<Legacy> = legacy.iter().filter(|l| l.mod_revision > since).cloned().collect();
+        // Counted once already by the copy: a catch-up copy is a conflict resolved, not a new key.
+        let mut report = DrainReport::default();
+        copy_all(client, settings, fence, &changed, &mut report).await?;
+        record.report.copied += report.copied;
+        record.report.conflicts += report.copied;
+        progress.send_replace(record.report.clone());
+        match legacy.last() {
+            Some(last) if more => {
+                cursor = last.key.clone().into_bytes();
+                cursor.push(0);
+            }
+            _ => return Ok(at),
+        }
+    }
+}
+
+/// Copies keys in parallel batches.
+async fn copy_all(
+    client: &Client,
+    settings: &DrainSettings,
+    fence: &Fence,
+    legacy: &[Legacy],
+    report: &mut DrainReport,
+) -> anyhow::Result<()> {
+    let mut inflight = FuturesUnordered::new();
+    for batch in legacy.chunks(settings.batch_size.max(1)) {
+        while inflight.len() >= settings.parallelism.max(1) {
             merge(report, inflight.next().await.expect("non-empty")?);
         }
-        progress.send_replace(report.clone());
-        pace(settings, report.legacy_seen, started).await;
-        if !more {
-            break;
-        }
+        inflight.push(copy_batch(client.clone(), settings.clone(), fence.clone(), batch.to_vec()));
     }
     while let Some(result) = inflight.next().await {
         merge(report, result?);
     }
-    progress.send_replace(report.clone());
-    Ok(revision)
+    Ok(())
 }
 
-/// Where a pass over the legacy prefix starts: (first key, range end, the revision to pin).
-async fn legacy_snapshot(
-    kv: &mut etcd_client::KvClient,
-    settings: &DrainSettings,
-) -> anyhow::Result<(Vec<u8>, Vec<u8>, i64)> {
+async fn head_revision(kv: &mut etcd_client::KvClient, settings: &DrainSettings) -> anyhow::Result<i64> {
     let prefix = settings.legacy_prefix.as_bytes().to_vec();
     let end = prefix_range_end(&prefix);
     let head = rpc(
         settings.rpc_timeout,
         "count legacy keys",
-        kv.get(prefix.clone(), Some(GetOptions::new().with_range(end.clone()).with_count_only())),
+        kv.get(prefix, Some(GetOptions::new().with_range(end).with_count_only())),
     )
     .await?;
-    let revision = head.header().map(|h| h.revision()).ok_or_else(|| anyhow!("range response without header"))?;
-    Ok((prefix, end, revision))
+    head.header().map(|h| h.revision()).ok_or_else(|| anyhow!("range response without header"))
 }
 
-/// One page of legacy keys at `revision` from `cursor` (which it advances); and whether more follow.
+/// One page of legacy keys at `revision` from `cursor`; and whether more follow.
 async fn legacy_page(
     kv: &mut etcd_client::KvClient,
     settings: &DrainSettings,
     end: &[u8],
-    cursor: &mut Vec<u8>,
+    cursor: &[u8],
     revision: i64,
     limit: i64,
 ) -> anyhow::Result<(Vec<Legacy>, bool)> {
     let opts = GetOptions::new().with_range(end.to_vec()).with_revision(revision).with_limit(limit);
-    let mut resp = rpc(settings.rpc_timeout, "range legacy page", kv.get(cursor.clone(), Some(opts))).await?;
-    let more = resp.more();
-    let kvs = resp.take_kvs();
-    if let Some(last) = kvs.last() {
-        *cursor = last.key().to_vec();
-        cursor.push(0);
-    }
-    Ok((kvs.iter().map(Legacy::from_kv).collect(), more))
+    let resp = rpc(settings.rpc_timeout, "range legacy page", kv.get(cursor.to_vec(), Some(opts))).await?;
+    Ok((resp.kvs().iter().map(Legacy::from_kv).collect(), resp.more()))
 }
 
 impl Legacy {
@@ -204,6 +405,12 @@ impl Legacy {
             value: kv.value().to_vec(),
             mod_revision: kv.mod_revision(),
         }
+    }
+
+    fn target(&self, settings: &DrainSettings) -> Option<String> {
+        v1_key_for(&self.key, &settings.legacy_prefix, &self.value, &settings.default_region, &settings.default_cluster)
+            .ok()
+            .map(|k| k.to_string())
     }
 }
 
@@ -231,20 +438,31 @@ fn merge(report: &mut DrainReport, outcome: BatchOutcome) {
     report.copied += o.copied;
     report.already_present += o.already_present;
     report.skipped += o.skipped;
+    report.foreign += o.foreign;
     report.conflicts += o.conflicts;
     for k in o.skipped_keys {
-        if report.skipped_keys.len() < super::plan::SKIPPED_KEYS_SHOWN {
+        if report.skipped_keys.len() < super::plan::SKIPPED_KEYS_SHOWN && !report.skipped_keys.contains(&k) {
             report.skipped_keys.push(k);
+        }
+    }
+    for k in o.foreign_keys {
+        if report.foreign_keys.len() < super::plan::SKIPPED_KEYS_SHOWN && !report.foreign_keys.contains(&k) {
+            report.foreign_keys.push(k);
         }
     }
 }
 
 /// Copies one batch of legacy keys, retrying the keys whose compares failed until none is left.
-async fn copy_batch(client: Client, settings: DrainSettings, mut batch: Vec<Legacy>) -> anyhow::Result<BatchOutcome> {
+async fn copy_batch(
+    client: Client,
+    settings: DrainSettings,
+    fence: Fence,
+    mut batch: Vec<Legacy>,
+) -> anyhow::Result<BatchOutcome> {
     let mut total = BatchOutcome::default();
-    let mut kv = client.kv_client();
+    let mut kv = kv(&client);
     loop {
-        let outcome = copy_once(&mut kv, &settings, &batch).await?;
+        let outcome = copy_once(&mut kv, &settings, &fence, &batch).await?;
         merge(&mut total.report, BatchOutcome { report: outcome.report, retry: Vec::new() });
         if outcome.retry.is_empty() {
             return Ok(total);
@@ -272,10 +490,11 @@ async fn copy_batch(client: Client, settings: DrainSettings, mut batch: Vec<Lega
 async fn copy_once(
     kv: &mut etcd_client::KvClient,
     settings: &DrainSettings,
+    fence: &Fence,
     batch: &[Legacy],
 ) -> anyhow::Result<BatchOutcome> {
     let mut outcome = BatchOutcome::default();
-    let targets: Vec<Result<crate::keys::EndpointKeyV1, String>> = batch
+    let targets: Vec<_> = batch
         .iter()
         .map(|l| {
             v1_key_for(&l.key, &settings.legacy_prefix, &l.value, &settings.default_region, &settings.default_cluster)
@@ -289,7 +508,7 @@ async fn copy_once(
         let state = target.as_ref().ok().and_then(|k| states.get(&k.to_string()));
         let decision = decide(target, legacy.mod_revision, state);
         if let Decision::Copy { v1_key } = &decision
-            && !settings.dry_run
+            && fence.is_some()
         {
             let v1 = v1_key.to_string();
             let v1_compare = match state {
@@ -307,7 +526,7 @@ async fn copy_once(
         return Ok(outcome);
     }
     let (indices, ops): (Vec<usize>, Vec<TxnOp>) = writes.into_iter().unzip();
-    let resp = rpc(settings.rpc_timeout, "copy batch", kv.txn(Txn::new().and_then(ops))).await?;
+    let resp = fenced_txn(kv, settings, fence, "copy batch", ops).await?;
     for (i, r) in indices.into_iter().zip(resp.op_responses()) {
         if let TxnOpResponse::Txn(nested) = r
             && !nested.succeeded()
@@ -345,30 +564,36 @@ async fn read_states(
     Ok(states)
 }
 
-/// Forwards legacy writes from `from` until the prefix has been quiet for the quiet period.
-/// Returns None when cancelled.
+/// Forwards legacy writes from the record's watermark until the prefix has been quiet for the
+/// quiet period; returns how many it forwarded (None when cancelled). Deletes at the revisions
+/// of the drain's own delete Txns are its own and are not forwarded. A watermark compacted away
+/// is answered with a catch-up scan (legacy deletes in the compacted window cannot be forwarded:
+/// said in the report's message).
+#[allow(clippy::too_many_arguments)]
 async fn forward_until_quiet(
     client: &Client,
     settings: &DrainSettings,
-    from: i64,
-    report: &mut DrainReport,
+    fence: &Fence,
+    record: &mut DrainRecord,
+    own_deletes: &HashSet<i64>,
     progress: &watch::Sender<DrainReport>,
     cancel: &CancellationToken,
-) -> anyhow::Result<Option<()>> {
-    let mut watch_client = client.watch_client();
-    let options = WatchOptions::new().with_prefix().with_start_revision(from).with_prev_key();
+) -> anyhow::Result<Option<u64>> {
+    let mut watch_client = watcher(client);
+    let options = WatchOptions::new().with_prefix().with_start_revision(record.watermark + 1).with_prev_key();
     let mut stream = rpc(
         settings.rpc_timeout,
         "watch legacy prefix",
         watch_client.watch(settings.legacy_prefix.as_str(), Some(options)),
     )
     .await?;
-    let mut kv = client.kv_client();
+    let mut kv = kv(client);
     let mut last_write = Instant::now();
+    let mut forwarded = 0u64;
     loop {
         let quiet_left = settings.quiet_period.saturating_sub(last_write.elapsed());
         if quiet_left.is_zero() {
-            return Ok(Some(()));
+            return Ok(Some(forwarded));
         }
         tokio::select! {
             _ = cancel.cancelled() => return Ok(None),
@@ -376,17 +601,34 @@ async fn forward_until_quiet(
             message = stream.message() => {
                 let Some(resp) = message.context("watching the legacy prefix")? else { anyhow::bail!("the legacy watch closed") };
                 if resp.canceled() {
-                    anyhow::bail!("the legacy watch was cancelled ({}); the drain restarts", resp.cancel_reason());
+                    if resp.compact_revision() > 0 {
+                        let since = record.watermark;
+                        warn!(since, compacted = resp.compact_revision(), "the legacy watch was compacted; catching up by a scan");
+                        let at = catch_up(client, settings, fence, record, since, progress).await?;
+                        record.watermark = at;
+                        record.report.message = Some(format!(
+                            "legacy deletes between revisions {since} and {at} were compacted before they could be forwarded; their v1 copies may remain"
+                        ));
+                        return Ok(Some(forwarded + 1));
+                    }
+                    anyhow::bail!("the legacy watch was cancelled ({}); the drain resumes", resp.cancel_reason());
                 }
                 let mut puts = Vec::new();
                 for event in resp.events() {
                     let Some(kv_) = event.kv() else { continue };
-                    last_write = Instant::now();
                     match event.event_type() {
-                        EventType::Put => puts.push(Legacy::from_kv(kv_)),
+                        EventType::Put => {
+                            last_write = Instant::now();
+                            forwarded += 1;
+                            puts.push(Legacy::from_kv(kv_));
+                        }
+                        // The drain's own delete: nothing to forward.
+                        EventType::Delete if own_deletes.contains(&kv_.mod_revision()) => {}
                         EventType::Delete => {
+                            last_write = Instant::now();
+                            forwarded += 1;
                             if let Some(prev) = event.prev_kv() {
-                                forward_delete(&mut kv, settings, prev).await?;
+                                forward_delete(&mut kv, settings, fence, prev).await?;
                             }
                         }
                     }
@@ -395,10 +637,11 @@ async fn forward_until_quiet(
                 puts.reverse();
                 let mut seen = std::collections::HashSet::new();
                 puts.retain(|l| seen.insert(l.key.clone()));
-                for batch in puts.chunks(settings.batch_size.max(1)) {
-                    merge(report, copy_batch(client.clone(), settings.clone(), batch.to_vec()).await?);
+                copy_all(client, settings, fence, &puts, &mut record.report).await?;
+                if let Some(h) = resp.header() {
+                    record.watermark = record.watermark.max(h.revision());
                 }
-                progress.send_replace(report.clone());
+                progress.send_replace(record.report.clone());
             }
         }
     }
@@ -409,19 +652,16 @@ async fn forward_until_quiet(
 async fn forward_delete(
     kv: &mut etcd_client::KvClient,
     settings: &DrainSettings,
+    fence: &Fence,
     prev: &etcd_client::KeyValue,
 ) -> anyhow::Result<()> {
-    let key = String::from_utf8_lossy(prev.key()).to_string();
-    let Ok(v1) =
-        v1_key_for(&key, &settings.legacy_prefix, prev.value(), &settings.default_region, &settings.default_cluster)
-    else {
+    let Some(v1) = Legacy::from_kv(prev).target(settings) else {
         return Ok(());
     };
-    let v1 = v1.to_string();
-    let txn = Txn::new()
+    let nested = Txn::new()
         .when([Compare::value(v1.as_str(), CompareOp::Equal, prev.value().to_vec())])
         .and_then([TxnOp::delete(v1.as_str(), None)]);
-    rpc(settings.rpc_timeout, "forward legacy delete", kv.txn(txn)).await?;
+    fenced_txn(kv, settings, fence, "forward legacy delete", vec![TxnOp::txn(nested)]).await?;
     Ok(())
 }
 
@@ -432,28 +672,29 @@ struct DeleteOutcome {
     /// Keys that still need a delete round (copied just now, or written meanwhile).
     pending: usize,
     copied: BatchOutcome,
+    /// The revision of the delete Txn, when it deleted something.
+    revision: Option<i64>,
 }
 
 /// Deletes the keys of one batch whose v1 key is newer (each with a compare on its mod revision),
 /// and copies the ones not copied yet.
-async fn delete_batch(client: Client, settings: DrainSettings, batch: Vec<Legacy>) -> anyhow::Result<DeleteOutcome> {
-    let mut kv = client.kv_client();
-    let mut outcome = DeleteOutcome { deleted: 0, conflicts: 0, pending: 0, copied: BatchOutcome::default() };
-    let targets: Vec<Option<String>> = batch
-        .iter()
-        .map(|l| {
-            v1_key_for(&l.key, &settings.legacy_prefix, &l.value, &settings.default_region, &settings.default_cluster)
-                .ok()
-                .map(|k| k.to_string())
-        })
-        .collect();
+async fn delete_batch(
+    client: Client,
+    settings: DrainSettings,
+    fence: Fence,
+    batch: Vec<Legacy>,
+) -> anyhow::Result<DeleteOutcome> {
+    let mut kv = kv(&client);
+    let mut outcome =
+        DeleteOutcome { deleted: 0, conflicts: 0, pending: 0, copied: BatchOutcome::default(), revision: None };
+    let targets: Vec<Option<String>> = batch.iter().map(|l| l.target(&settings)).collect();
     let v1_keys: Vec<String> = targets.iter().flatten().cloned().collect();
     let states = read_states(&mut kv, &settings, &v1_keys).await?;
     let mut deletes: Vec<(&str, i64)> = Vec::new();
     let mut to_copy: Vec<Legacy> = Vec::new();
     for (legacy, target) in batch.iter().zip(&targets) {
-        // Malformed keys stay forever; keys not copied yet are copied now and deleted in the
-        // next round.
+        // Malformed and foreign keys stay forever; keys not copied yet are copied now and
+        // deleted in the next round.
         let Some(target) = target else { continue };
         match states.get(target) {
             Some(s) if s.mod_revision > legacy.mod_revision => deletes.push((&legacy.key, legacy.mod_revision)),
@@ -470,67 +711,81 @@ async fn delete_batch(client: Client, settings: DrainSettings, batch: Vec<Legacy
                 TxnOp::txn(guarded)
             })
             .collect();
-        let resp = rpc(settings.rpc_timeout, "delete legacy batch", kv.txn(Txn::new().and_then(ops))).await?;
+        let resp = fenced_txn(&mut kv, &settings, &fence, "delete legacy batch", ops).await?;
         for r in resp.op_responses() {
             if let TxnOpResponse::Txn(nested) = r {
                 if nested.succeeded() {
                     outcome.deleted += 1;
                 } else {
-                    // Written meanwhile: never lost; the watch from the next revision forwards it.
+                    // Written meanwhile: never lost; the next forwarding round copies it.
                     outcome.conflicts += 1;
                     outcome.pending += 1;
                 }
             }
         }
+        if outcome.deleted > 0 {
+            outcome.revision = resp.header().map(|h| h.revision());
+        }
     }
     if !to_copy.is_empty() {
         outcome.pending += to_copy.len();
-        outcome.copied = copy_batch(client.clone(), settings.clone(), to_copy).await?;
+        outcome.copied = copy_batch(client.clone(), settings.clone(), fence.clone(), to_copy).await?;
     }
     Ok(outcome)
 }
 
 /// Deletes every legacy key whose v1 key holds it (or something newer), each with a compare on
-/// its mod revision. Returns how many legacy keys still need copying, and the revision to watch
-/// from for them.
+/// its mod revision, remembering the revisions of its own deletes. Returns how many legacy keys
+/// still need a round.
 async fn delete_pass(
     client: &Client,
     settings: &DrainSettings,
-    report: &mut DrainReport,
+    fence: &Fence,
+    record: &mut DrainRecord,
+    own_deletes: &mut HashSet<i64>,
     progress: &watch::Sender<DrainReport>,
     cancel: &CancellationToken,
-) -> anyhow::Result<(usize, i64)> {
-    let mut kv = client.kv_client();
-    let (mut cursor, end, revision) = legacy_snapshot(&mut kv, settings).await?;
+) -> anyhow::Result<usize> {
+    let mut kv = kv(client);
+    let end = prefix_range_end(settings.legacy_prefix.as_bytes());
+    let revision = head_revision(&mut kv, settings).await?;
+    let mut cursor = settings.legacy_prefix.clone().into_bytes();
     let mut pending = 0usize;
     let mut inflight = FuturesUnordered::new();
     let parallelism = settings.parallelism.max(1);
     let page = (settings.batch_size.max(1) * parallelism * 2) as i64;
+    let report = &mut record.report;
     let mut settle = |report: &mut DrainReport, outcome: DeleteOutcome| {
         report.deleted += outcome.deleted;
         report.conflicts += outcome.conflicts;
         pending += outcome.pending;
+        own_deletes.extend(outcome.revision);
         merge(report, outcome.copied);
     };
     loop {
         if cancel.is_cancelled() {
             break;
         }
-        let (legacy, more) = legacy_page(&mut kv, settings, &end, &mut cursor, revision, page).await?;
+        let (legacy, more) = legacy_page(&mut kv, settings, &end, &cursor, revision, page).await?;
+        // Keys seen by the copy are not seen again: only what a delete round copies counts.
         for batch in legacy.chunks(settings.batch_size.max(1)) {
             while inflight.len() >= parallelism {
                 settle(report, inflight.next().await.expect("non-empty")?);
             }
-            inflight.push(delete_batch(client.clone(), settings.clone(), batch.to_vec()));
+            inflight.push(delete_batch(client.clone(), settings.clone(), fence.clone(), batch.to_vec()));
         }
         progress.send_replace(report.clone());
-        if !more {
-            break;
+        match legacy.last() {
+            Some(last) if more => {
+                cursor = last.key.clone().into_bytes();
+                cursor.push(0);
+            }
+            _ => break,
         }
     }
     while let Some(outcome) = inflight.next().await {
         settle(report, outcome?);
     }
     progress.send_replace(report.clone());
-    Ok((pending, revision + 1))
+    Ok(pending)
 }
