@@ -29,13 +29,24 @@ fn kubectl(apiserver: &KubeApiserver, args: &[&str]) -> String {
 
 /// The operator, as a ServiceAccount bound to config/rbac.
 fn start_operator(apiserver: &KubeApiserver, dir: &Path, name: &str, metrics_port: u16) -> ManagedProcess {
+    start_operator_in(apiserver, dir, name, metrics_port, NS)
+}
+
+/// The operator watching `namespaces` (comma-separated).
+fn start_operator_in(
+    apiserver: &KubeApiserver,
+    dir: &Path,
+    name: &str,
+    metrics_port: u16,
+    namespaces: &str,
+) -> ManagedProcess {
     let token = kubectl(apiserver, &["create", "token", "aether-operator", "-n", "aether-system", "--duration", "1h"]);
     let kubeconfig = apiserver.kubeconfig_for_token(&format!("{name}.kubeconfig"), token.trim()).unwrap();
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_aether-operator"));
     cmd.arg("run")
         .arg("--kubeconfig")
         .arg(&kubeconfig)
-        .args(["--namespaces", NS, "--identity", name, "--refresh-seconds", "1"])
+        .args(["--namespaces", namespaces, "--identity", name, "--refresh-seconds", "1"])
         .args(["--metrics-addr", &format!("127.0.0.1:{metrics_port}")])
         .env("RUST_LOG", "info,aether_operator=debug");
     ManagedProcess::spawn(name, cmd, &dir.join(format!("{name}.log"))).unwrap()
@@ -330,4 +341,197 @@ async fn registry_schema_status_follows_the_drain() {
     assert_eq!(v1.count(), 300);
     let table = kubectl(&apiserver, &["get", "registryschemas", "-n", NS]);
     assert!(table.contains("Complete") && table.contains("300"), "{table}");
+}
+
+async fn bookkeeping(etcd: &EtcdServer, origin: &str) -> i64 {
+    let mut c = Client::connect([etcd.endpoint()], None).await.unwrap();
+    c.get(keys::federation_prefix(origin), Some(GetOptions::new().with_prefix().with_count_only()))
+        .await
+        .unwrap()
+        .count()
+}
+
+async fn wait_gone(api: &Api<RegionPeering>, name: &str) {
+    wait_until(&format!("{name} deleted"), WAIT, || async { Ok(api.get_opt(name).await?.is_none()) }).await.unwrap();
+}
+
+#[tokio::test]
+async fn deleting_a_region_peering_retires_its_mirror_under_each_policy() {
+    let (apiserver, a, b, c) = tokio::try_join!(
+        KubeApiserver::start("del"),
+        EtcdServer::start("del-a"),
+        EtcdServer::start("del-b"),
+        EtcdServer::start("del-c")
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let client = prepare(&apiserver).await;
+    put_endpoints(&a, "a", 50).await;
+    let _operator = start_operator(&apiserver, dir.path(), "operator-del", free_port());
+    let api: Api<RegionPeering> = Api::namespaced(client.clone(), NS);
+
+    // Lapse (the default): the only RegionPeering goes; its mirror expires on every peer within
+    // the TTL plus a keepalive interval, bookkeeping included.
+    create_json(&client, NS, peering("a", "a", &a, &[("b", &b), ("c", &c)])).await.unwrap();
+    wait_condition(&api, "a", "Ready", "True", None).await;
+    assert_eq!((mirrored(&b, "a").await, mirrored(&c, "a").await), (50, 50));
+    let deleted_at = std::time::Instant::now();
+    api.delete("a", &DeleteParams::default()).await.unwrap();
+    wait_gone(&api, "a").await;
+    let lapse_bound = Duration::from_secs(6 + 2 + 3); // TTL + keepalive interval + scheduling slack
+    wait_until("the mirror lapses on every peer", lapse_bound, || async {
+        Ok(mirrored(&b, "a").await == 0
+            && mirrored(&c, "a").await == 0
+            && bookkeeping(&b, "a").await == 0
+            && bookkeeping(&c, "a").await == 0)
+    })
+    .await
+    .unwrap();
+    eprintln!("Lapse: the mirror was gone from both peers {:?} after the delete", deleted_at.elapsed());
+
+    // Delete: gone from every peer at once, long before a 30 s TTL could lapse.
+    let mut object = peering("a2", "a", &a, &[("b", &b), ("c", &c)]);
+    object["spec"]["lease"] = json!({"ttlSeconds": 30, "keepaliveIntervalSeconds": 10});
+    object["spec"]["deletionPolicy"] = json!("Delete");
+    create_json(&client, NS, object).await.unwrap();
+    wait_condition(&api, "a2", "Ready", "True", None).await;
+    let deleted_at = std::time::Instant::now();
+    api.delete("a2", &DeleteParams::default()).await.unwrap();
+    wait_gone(&api, "a2").await;
+    assert_eq!((mirrored(&b, "a").await, mirrored(&c, "a").await), (0, 0), "deleted with the object");
+    assert_eq!((bookkeeping(&b, "a").await, bookkeeping(&c, "a").await), (0, 0));
+    assert!(deleted_at.elapsed() < Duration::from_secs(30));
+
+    // A peer that cannot be reached does not block the deletion; an Event says what remains.
+    let mut object = peering("a3", "a", &a, &[("b", &b)]);
+    object["spec"]["peers"] =
+        json!([{"region": "b", "endpoints": [b.endpoint()]}, {"region": "gone", "endpoints": ["http://127.0.0.1:1"]}]);
+    create_json(&client, NS, object).await.unwrap();
+    wait_until("a3 mirrors into b", WAIT, || async { Ok(mirrored(&b, "a").await == 50) }).await.unwrap();
+    api.delete("a3", &DeleteParams::default()).await.unwrap();
+    wait_gone(&api, "a3").await;
+    let mut events = String::new();
+    let seen = wait_until("RetireFailed event", WAIT, || {
+        events = kubectl(&apiserver, &["get", "events", "-n", NS, "-o", "custom-columns=REASON:.reason,NOTE:.message"]);
+        let found = events.lines().any(|l| l.contains("RetireFailed") && l.contains("a -> gone"));
+        async move { Ok(found) }
+    })
+    .await;
+    assert!(seen.is_ok(), "no RetireFailed event in\n{events}");
+}
+
+#[tokio::test]
+async fn status_is_applied_server_side_at_most_once_per_refresh_under_load() {
+    let (apiserver, a, b) =
+        tokio::try_join!(KubeApiserver::start("ssa"), EtcdServer::start("ssa-a"), EtcdServer::start("ssa-b")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let client = prepare(&apiserver).await;
+    put_endpoints(&a, "a", 20).await;
+    let metrics_port = free_port();
+    let _operator = start_operator(&apiserver, dir.path(), "operator-ssa", metrics_port);
+    let api: Api<RegionPeering> = Api::namespaced(client.clone(), NS);
+
+    // The user applies the spec server-side, as GitOps tools do; re-applying never conflicts
+    // with the operator's status writes.
+    let manifest = dir.path().join("a.json");
+    std::fs::write(&manifest, peering("a", "a", &a, &[("b", &b)]).to_string()).unwrap();
+    let path = manifest.to_str().unwrap();
+    kubectl(&apiserver, &["apply", "--server-side", "--field-manager", "gitops", "-f", path]);
+    wait_condition(&api, "a", "Ready", "True", None).await;
+    kubectl(&apiserver, &["apply", "--server-side", "--field-manager", "gitops", "-f", path]);
+    let rp = api.get("a").await.unwrap();
+    let managers: Vec<(String, String)> = rp
+        .metadata
+        .managed_fields
+        .unwrap_or_default()
+        .into_iter()
+        .map(|m| (m.manager.unwrap_or_default(), m.subresource.unwrap_or_default()))
+        .collect();
+    assert!(managers.contains(&("aether-operator".into(), "status".into())), "{managers:?}");
+
+    // 1,000 origin writes a second for 10 s, an inbound mirror too: patches stay at one per
+    // refresh interval (1 s here) at most.
+    let patches = |text: &str| -> f64 {
+        text.lines()
+            .find(|l| l.starts_with("aether_federation_status_patches_total{region=\"a\"}"))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    };
+    let before = patches(&scrape_metrics(metrics_port).await);
+    let started = std::time::Instant::now();
+    let mut c = Client::connect([a.endpoint()], None).await.unwrap();
+    let mut i = 0usize;
+    while started.elapsed() < Duration::from_secs(10) {
+        let tick = std::time::Instant::now();
+        let ops: Vec<TxnOp> = (0..100)
+            .map(|j| {
+                let key = format!(
+                    "{}clusters/c1/services/load/protocols/tcp/endpoints/10.2.{}.{}",
+                    keys::region_prefix("a"),
+                    (i / 250) % 250,
+                    i % 250
+                );
+                i += 1;
+                TxnOp::put(key, format!("{{\"n\":{j}}}"), None)
+            })
+            .collect();
+        c.txn(Txn::new().and_then(ops)).await.unwrap();
+        if let Some(rest) = Duration::from_millis(100).checked_sub(tick.elapsed()) {
+            tokio::time::sleep(rest).await; // pacing the load at 1,000 writes/s
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let after = patches(&scrape_metrics(metrics_port).await);
+    let rate = (after - before) / elapsed;
+    eprintln!("{} status patches in {elapsed:.1}s under 1,000 writes/s: {rate:.2}/s", after - before);
+    assert!(after - before <= elapsed.ceil() + 2.0, "{} patches in {elapsed:.1}s", after - before);
+
+    // Fields that no longer apply are removed: suspended, there is no lag to show.
+    api.patch("a", &PatchParams::default(), &Patch::Merge(json!({"spec": {"suspend": true}}))).await.unwrap();
+    wait_condition(&api, "a", "Suspended", "True", None).await;
+    let rp = api.get("a").await.unwrap();
+    let status = rp.status.unwrap();
+    assert_eq!(status.worst_lag, None, "no stale lag after suspend");
+    assert!(status.peers.iter().all(|p| p.replication.lag_seconds.is_none()), "{:?}", status.peers);
+}
+
+#[tokio::test]
+async fn two_namespaces_run_side_by_side_and_see_each_others_claims() {
+    let (apiserver, a, b, c) = tokio::try_join!(
+        KubeApiserver::start("ns2"),
+        EtcdServer::start("ns2-a"),
+        EtcdServer::start("ns2-b"),
+        EtcdServer::start("ns2-c")
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let client = prepare(&apiserver).await;
+    ensure_namespace(&client, "fed2").await.unwrap();
+    put_endpoints(&a, "a", 10).await;
+    put_endpoints(&b, "b", 10).await;
+    let _operator = start_operator_in(&apiserver, dir.path(), "operator-ns", free_port(), &format!("{NS},fed2"));
+    let api1: Api<RegionPeering> = Api::namespaced(client.clone(), NS);
+    let api2: Api<RegionPeering> = Api::namespaced(client.clone(), "fed2");
+    create_json(&client, NS, peering("a", "a", &a, &[("c", &c)])).await.unwrap();
+    let mut in_fed2 = peering("b", "b", &b, &[("c", &c)]);
+    in_fed2["metadata"]["namespace"] = json!("fed2");
+    create_json(&client, "fed2", in_fed2).await.unwrap();
+    let first_a = wait_condition(&api1, "a", "Ready", "True", None).await;
+    let first_b = wait_condition(&api2, "b", "Ready", "True", None).await;
+    assert_eq!((mirrored(&c, "a").await, mirrored(&c, "b").await), (10, 10));
+
+    // Neither controller sweeps the other namespace's workers: Ready never flaps.
+    let since = |rp: &RegionPeering| {
+        rp.status.as_ref().unwrap().conditions.iter().find(|c| c.type_ == "Ready").unwrap().last_transition_time.clone()
+    };
+    tokio::time::sleep(Duration::from_secs(8)).await; // an observation window of several refreshes
+    assert_eq!(since(&api1.get("a").await.unwrap()), since(&first_a));
+    assert_eq!(since(&api2.get("b").await.unwrap()), since(&first_b));
+
+    // A claim on region a's etcd in the other namespace is a conflict.
+    let mut dup = peering("a-dup", "a", &a, &[("c", &c)]);
+    dup["metadata"]["namespace"] = json!("fed2");
+    create_json(&client, "fed2", dup).await.unwrap();
+    wait_condition(&api2, "a-dup", "Conflict", "True", Some("RegionClaimed")).await;
 }

@@ -79,6 +79,23 @@ pub struct RegionPeeringSpec {
     /// Stops every mirror worker. The mirrors on the peers then lapse with their leases.
     #[serde(default)]
     pub suspend: bool,
+    /// What deleting this RegionPeering does on the peers. `Lapse` (the default): the workers
+    /// stop, the mirrored keys expire on every peer within the lease TTL, and the bookkeeping
+    /// records are attached to a lease so they go with them. `Delete`: the mirrored subtree and
+    /// the bookkeeping are deleted from every reachable peer at once. An unreachable peer never
+    /// blocks the deletion: its copy lapses with the lease.
+    #[serde(default)]
+    pub deletion_policy: DeletionPolicy,
+}
+
+/// What deleting a RegionPeering does on the peers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+pub enum DeletionPolicy {
+    /// Stop the heartbeat: the mirror expires on every peer within the lease TTL.
+    #[default]
+    Lapse,
+    /// Delete the mirror from every reachable peer now.
+    Delete,
 }
 
 /// One peer region and its registry etcd.

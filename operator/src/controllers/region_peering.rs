@@ -9,6 +9,7 @@ use crate::mirror::{self, MirrorConfig, MirrorEvent, MirrorHandle, inbound};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::WatchStreamExt;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event as KubeEvent, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -42,7 +43,10 @@ pub struct Context {
     recorder: Recorder,
     settings: ControllerSettings,
     metrics: Arc<Metrics>,
-    store: Mutex<Option<Store<RegionPeering>>>,
+    /// One store per watched namespace (or one for all): claims and deletions look at all.
+    stores: Mutex<Vec<Store<RegionPeering>>>,
+    /// Consecutive reconcile failures by object, for the error backoff.
+    failures: Mutex<HashMap<String, u32>>,
     /// Workers by object (namespace/name), then by peer region.
     workers: Mutex<HashMap<String, BTreeMap<String, Running>>>,
     /// A client of each object's local etcd, for the inbound view.
@@ -60,7 +64,8 @@ impl Context {
             client,
             settings,
             metrics,
-            store: Mutex::new(None),
+            stores: Mutex::new(Vec::new()),
+            failures: Mutex::new(HashMap::new()),
             workers: Mutex::new(HashMap::new()),
             locals: tokio::sync::Mutex::new(HashMap::new()),
             patched: Mutex::new(HashMap::new()),
@@ -90,15 +95,32 @@ impl Context {
     }
 }
 
+/// The finalizer that lets a deleted RegionPeering stop its workers and retire its mirrors.
+pub const FINALIZER: &str = "federation.aether.dev/mirror";
+
+/// Reconciles on changes of the spec, the finalizers and the deletion mark, not of the status
+/// this controller writes itself; the periodic requeue refreshes the status.
+fn spec_changes(rp: &RegionPeering) -> Option<u64> {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (rp.meta().generation, rp.finalizers(), rp.meta().deletion_timestamp.is_some(), rp.meta().uid.as_deref())
+        .hash(&mut h);
+    Some(h.finish())
+}
+
 /// Runs the controller until `stop` fires. `namespace` None watches every namespace.
 pub async fn run(ctx: Arc<Context>, namespace: Option<String>, stop: CancellationToken) {
     let api: Api<RegionPeering> = match &namespace {
         Some(ns) => Api::namespaced(ctx.client.clone(), ns),
         None => Api::all(ctx.client.clone()),
     };
-    let controller = Controller::new(api, watcher::Config::default());
-    *ctx.store.lock().expect("store lock") = Some(controller.store());
-    controller
+    let (reader, writer) = kube::runtime::reflector::store();
+    let trigger = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .applied_objects()
+        .predicate_filter(spec_changes, Default::default());
+    ctx.stores.lock().expect("store lock").push(reader.clone());
+    Controller::for_stream(trigger, reader)
         .graceful_shutdown_on(stop.cancelled_owned())
         .run(reconcile, error_policy, ctx.clone())
         .for_each(|result| async move {
@@ -115,11 +137,21 @@ pub enum Error {
     Kube(#[from] kube::Error),
     #[error("{0}")]
     Other(String),
+    #[error("finalizer: {0}")]
+    Finalizer(Box<kube::runtime::finalizer::Error<Error>>),
 }
 
-fn error_policy(_rp: Arc<RegionPeering>, error: &Error, ctx: Arc<Context>) -> Action {
-    warn!(%error, "will retry");
-    Action::requeue(ctx.settings.refresh_interval)
+/// Retries with exponential backoff from the refresh interval up to five minutes.
+fn error_policy(rp: Arc<RegionPeering>, error: &Error, ctx: Arc<Context>) -> Action {
+    let n = {
+        let mut failures = ctx.failures.lock().expect("lock");
+        let n = failures.entry(object_key(&rp)).or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    };
+    let delay = ctx.settings.refresh_interval.saturating_mul(1 << n.min(8)).min(Duration::from_secs(300));
+    warn!(%error, attempt = n, retry_in = ?delay, "reconcile failed; will retry");
+    Action::requeue(delay)
 }
 
 fn object_key(rp: &RegionPeering) -> String {
@@ -127,6 +159,78 @@ fn object_key(rp: &RegionPeering) -> String {
 }
 
 async fn reconcile(rp: Arc<RegionPeering>, ctx: Arc<Context>) -> Result<Action, Error> {
+    use kube::runtime::finalizer::{Event, finalizer};
+    let api: Api<RegionPeering> = Api::namespaced(ctx.client.clone(), &rp.namespace().unwrap_or_default());
+    finalizer(&api, FINALIZER, rp, |event| async {
+        match event {
+            Event::Apply(rp) => apply(rp, ctx.clone()).await,
+            Event::Cleanup(rp) => cleanup(rp, ctx.clone()).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)))
+}
+
+/// The object was deleted: stop its workers, then retire its mirror from every peer as
+/// `spec.deletionPolicy` says. A peer that cannot be reached in time does not block the
+/// deletion (its copy lapses with the lease); an Event says so.
+async fn cleanup(rp: Arc<RegionPeering>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let key = object_key(&rp);
+    let namespace = rp.namespace().unwrap_or_default();
+    let workers = ctx.workers.lock().expect("workers lock").remove(&key).unwrap_or_default();
+    for (peer, running) in workers {
+        ctx.stop_worker(&key, &peer, running).await;
+    }
+    ctx.locals.lock().await.remove(&key);
+    ctx.announced.lock().expect("lock").remove(&key);
+    ctx.patched.lock().expect("lock").remove(&key);
+    ctx.failures.lock().expect("lock").remove(&key);
+    let spec = &rp.spec;
+    let policy = match spec.deletion_policy {
+        crate::api::DeletionPolicy::Lapse => mirror::retire::RetirePolicy::Lapse,
+        crate::api::DeletionPolicy::Delete => mirror::retire::RetirePolicy::Delete,
+    };
+    for peer in &spec.peers {
+        let outcome = match resolve(&ctx, &namespace, &peer.connection()).await {
+            Err(e) => Err(anyhow::anyhow!("{e}")),
+            Ok(access) => {
+                match tokio::time::timeout(RETIRE_TIMEOUT, mirror::retire::retire(&access.target, &spec.region, policy))
+                    .await
+                {
+                    Ok(r) => r,
+                    Err(_) => Err(anyhow::anyhow!("no answer within {RETIRE_TIMEOUT:?}")),
+                }
+            }
+        };
+        let (region, peer_region) = (&spec.region, &peer.region);
+        match outcome {
+            Ok(retired) => {
+                info!(object = key, peer = %peer_region, ?retired, "mirror retired from the peer");
+            }
+            Err(error) => {
+                warn!(object = key, peer = %peer_region, %error, "could not retire the mirror from the peer");
+                publish(
+                    &ctx,
+                    &rp,
+                    EventType::Warning,
+                    "RetireFailed",
+                    format!(
+                        "{region} -> {peer_region}: {error:#}; the mirror there lapses with its leases within {}s, its bookkeeping under {} stays",
+                        spec.lease.ttl_seconds,
+                        crate::keys::federation_prefix(region)
+                    ),
+                )
+                .await;
+            }
+        }
+    }
+    Ok(Action::await_change())
+}
+
+/// How long deletion waits for one peer.
+const RETIRE_TIMEOUT: Duration = Duration::from_secs(15);
+
+async fn apply(rp: Arc<RegionPeering>, ctx: Arc<Context>) -> Result<Action, Error> {
     let key = object_key(&rp);
     let namespace = rp.namespace().unwrap_or_default();
     let spec = &rp.spec;
@@ -145,12 +249,12 @@ async fn reconcile(rp: Arc<RegionPeering>, ctx: Arc<Context>) -> Result<Action, 
 
     // Which workers should run.
     let claims: Vec<Claim> = ctx
-        .store
+        .stores
         .lock()
         .expect("store lock")
-        .as_ref()
-        .map(|s| s.state().iter().map(|o| claim(o)).collect())
-        .unwrap_or_default();
+        .iter()
+        .flat_map(|s| s.state().iter().map(|o| claim(o)).collect::<Vec<_>>())
+        .collect();
     let conflict = conflict(&claim(&rp), &claims);
     let mut config_errors: Vec<(String, String)> = Vec::new();
     let mut desired: BTreeMap<String, (u64, Access, Access)> = BTreeMap::new();
@@ -264,17 +368,22 @@ async fn reconcile(rp: Arc<RegionPeering>, ctx: Arc<Context>) -> Result<Action, 
     let stale = ctx.patched.lock().expect("lock").get(&key).is_none_or(|t| t.elapsed() >= STATUS_HEARTBEAT);
     if status::visible_change(rp.status.as_ref(), &new_status) || stale {
         let api: Api<RegionPeering> = Api::namespaced(ctx.client.clone(), &namespace);
-        api.patch_status(
-            &rp.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({ "status": new_status })),
-        )
-        .await?;
+        // Server-side apply of the whole status: fields no longer set are removed.
+        let body = serde_json::json!({
+            "apiVersion": "federation.aether.dev/v1alpha1",
+            "kind": "RegionPeering",
+            "status": new_status,
+        });
+        api.patch_status(&rp.name_any(), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(body)).await?;
         ctx.patched.lock().expect("lock").insert(key.clone(), Instant::now());
         ctx.metrics.status_patches.get_or_create(&crate::metrics::RegionLabels { region: spec.region.clone() }).inc();
     }
+    ctx.failures.lock().expect("lock").remove(&key);
     Ok(Action::requeue(ctx.settings.refresh_interval))
 }
+
+/// The field manager of everything this operator writes.
+pub const FIELD_MANAGER: &str = "aether-operator";
 
 fn claim(rp: &RegionPeering) -> Claim {
     Claim {
@@ -447,7 +556,10 @@ async fn observe_inbound(
 
 /// Stops the workers of objects that no longer exist (deleted objects are not reconciled).
 async fn sweep_deleted(ctx: &Arc<Context>) {
-    let Some(store) = ctx.store.lock().expect("store lock").clone() else { return };
+    let stores = ctx.stores.lock().expect("store lock").clone();
+    if stores.is_empty() {
+        return;
+    }
     let gone: Vec<String> = ctx
         .workers
         .lock()
@@ -455,7 +567,8 @@ async fn sweep_deleted(ctx: &Arc<Context>) {
         .keys()
         .filter(|key| {
             let (ns, name) = key.split_once('/').unwrap_or(("", key));
-            store.get(&ObjectRef::<RegionPeering>::new(name).within(ns)).is_none()
+            let object = ObjectRef::<RegionPeering>::new(name).within(ns);
+            stores.iter().all(|store| store.get(&object).is_none())
         })
         .cloned()
         .collect();

@@ -23,6 +23,7 @@ use tracing::{info, warn};
 struct RunningDrain {
     fingerprint: u64,
     cancel: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
     progress: watch::Receiver<DrainReport>,
     /// The last error of the drain task, which retries with backoff.
     error: Arc<Mutex<Option<String>>>,
@@ -52,7 +53,15 @@ impl Context {
 pub enum Error {
     #[error("kubernetes API: {0}")]
     Kube(#[from] kube::Error),
+    #[error("finalizer: {0}")]
+    Finalizer(Box<kube::runtime::finalizer::Error<Error>>),
 }
+
+/// The finalizer that lets a deleted RegistrySchema stop its drain at a safe point.
+pub const FINALIZER: &str = "federation.aether.dev/drain";
+
+/// How long deletion waits for a drain to reach a safe point.
+const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub async fn run(ctx: Arc<Context>, namespace: Option<String>, stop: CancellationToken) {
     let api: Api<RegistrySchema> = match &namespace {
@@ -64,7 +73,7 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>, stop: Cancellatio
     // of objects that are gone (nothing reconciles an object after its deletion).
     let store = controller.store();
     let sweeper = {
-        let (ctx, stop) = (ctx.clone(), stop.clone());
+        let (ctx, stop, namespace) = (ctx.clone(), stop.clone(), namespace.clone());
         tokio::spawn(async move {
             // Until the store has listed once, "absent" means "not seen yet".
             if store.wait_until_ready().await.is_err() {
@@ -81,8 +90,10 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>, stop: Cancellatio
                         .iter()
                         .map(|rs| format!("{}/{}", rs.namespace().unwrap_or_default(), rs.name_any()))
                         .collect();
+                    // Each namespace's controller sweeps its own namespace only.
+                    let mine = |key: &str| namespace.as_ref().is_none_or(|ns| key.starts_with(&format!("{ns}/")));
                     ctx.drains.lock().expect("lock").retain(|key, d| {
-                        let keep = present.contains(key);
+                        let keep = present.contains(key) || !mine(key);
                         if !keep {
                             info!(object = %key, "RegistrySchema deleted; its drain stops");
                             d.cancel.cancel();
@@ -109,6 +120,34 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>, stop: Cancellatio
 }
 
 async fn reconcile(rs: Arc<RegistrySchema>, ctx: Arc<Context>) -> Result<Action, Error> {
+    use kube::runtime::finalizer::{Event, finalizer};
+    let api: Api<RegistrySchema> = Api::namespaced(ctx.client.clone(), &rs.namespace().unwrap_or_default());
+    finalizer(&api, FINALIZER, rs, |event| async {
+        match event {
+            Event::Apply(rs) => apply(rs, ctx.clone()).await,
+            Event::Cleanup(rs) => cleanup(rs, ctx.clone()).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Finalizer(Box::new(e)))
+}
+
+/// The object was deleted: stop its drain between two steps (every step is recorded, so a
+/// later RegistrySchema for the prefix resumes from there) and release the prefix's lock.
+async fn cleanup(rs: Arc<RegistrySchema>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let key = format!("{}/{}", rs.namespace().unwrap_or_default(), rs.name_any());
+    let running = ctx.drains.lock().expect("lock").remove(&key);
+    if let Some(running) = running {
+        running.cancel.cancel();
+        if tokio::time::timeout(STOP_TIMEOUT, running.task).await.is_err() {
+            warn!(object = %key, "the drain did not stop within {STOP_TIMEOUT:?}; its lock lapses with its lease");
+        }
+        info!(object = %key, "RegistrySchema deleted; its drain stopped");
+    }
+    Ok(Action::await_change())
+}
+
+async fn apply(rs: Arc<RegistrySchema>, ctx: Arc<Context>) -> Result<Action, Error> {
     let namespace = rs.namespace().unwrap_or_default();
     let key = format!("{namespace}/{}", rs.name_any());
     let spec = &rs.spec;
@@ -157,7 +196,7 @@ async fn reconcile(rs: Arc<RegistrySchema>, ctx: Arc<Context>) -> Result<Action,
         let (cancel2, error2, etcd) = (cancel.clone(), error.clone(), target.target.clone());
         let region = spec.region.clone();
         let metrics = ctx.metrics.clone();
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             let mut backoff = crate::mirror::backoff::Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
             while !cancel2.is_cancelled() {
                 let result = match etcd.connect().await {
@@ -193,7 +232,10 @@ async fn reconcile(rs: Arc<RegistrySchema>, ctx: Arc<Context>) -> Result<Action,
             }
         });
         info!(object = %key, dry_run = spec.dry_run, "drain started");
-        ctx.drains.lock().expect("lock").insert(key.clone(), RunningDrain { fingerprint, cancel, progress: rx, error });
+        ctx.drains
+            .lock()
+            .expect("lock")
+            .insert(key.clone(), RunningDrain { fingerprint, cancel, task, progress: rx, error });
     }
 
     let (report, error) = {
@@ -215,7 +257,13 @@ async fn patch(
     status: RegistrySchemaStatus,
 ) -> Result<(), Error> {
     if &status != previous {
-        api.patch_status(name, &PatchParams::default(), &Patch::Merge(serde_json::json!({ "status": status }))).await?;
+        let body = serde_json::json!({
+            "apiVersion": "federation.aether.dev/v1alpha1",
+            "kind": "RegistrySchema",
+            "status": status,
+        });
+        let params = PatchParams::apply(super::region_peering::FIELD_MANAGER).force();
+        api.patch_status(name, &params, &Patch::Apply(body)).await?;
     }
     Ok(())
 }

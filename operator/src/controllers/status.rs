@@ -405,6 +405,7 @@ mod tests {
             failure_detector: Default::default(),
             sync: Default::default(),
             suspend: false,
+            deletion_policy: Default::default(),
         }
     }
 

@@ -110,8 +110,10 @@ async fn dry_run(
     progress: &watch::Sender<DrainReport>,
     cancel: &CancellationToken,
 ) -> anyhow::Result<DrainReport> {
-    let mut record = DrainRecord::default();
-    record.report = DrainReport { phase: Some(DrainPhase::Copying), dry_run: true, ..DrainReport::default() };
+    let mut record = DrainRecord {
+        report: DrainReport { phase: Some(DrainPhase::Copying), dry_run: true, ..DrainReport::default() },
+        ..DrainRecord::default()
+    };
     progress.send_replace(record.report.clone());
     copy_pass(client, settings, &None, &mut record, progress, cancel).await?;
     let mut report = record.report;

@@ -10,6 +10,7 @@
 //! - [`worker`]: the worker's life: sessions, backoff, standing by when fenced; it drives
 //!   `session` (ownership, fencing, adoption), `sync` (the full sync), `watch` (watch and apply)
 //!   and `keepalive` (the origin-heartbeat leases).
+//! - [`retire`]: what deleting a RegionPeering does on each peer (lapse or delete).
 //! - [`inbound`]: what other regions mirror into the local etcd, read-only.
 //! - [`health`], [`detector`], [`backoff`]: what a worker reports and how it waits.
 
@@ -21,6 +22,7 @@ pub mod inbound;
 mod keepalive;
 pub mod plan;
 pub mod resume;
+pub mod retire;
 mod session;
 pub mod shards;
 mod sync;

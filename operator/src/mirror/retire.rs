@@ -1,0 +1,105 @@
+//! Retiring an origin's mirror from one peer when its RegionPeering is deleted (its worker is
+//! stopped first). Fenced on the owner record as read, so a successor that took the mirror over
+//! meanwhile is never touched.
+//!
+//! - `Lapse`: nothing is deleted now. The bookkeeping records (owner, checkpoint, progress) are
+//!   attached to one of the mirror's leases, so they lapse with the mirrored keys within the TTL
+//!   instead of staying on the peer forever.
+//! - `Delete`: the mirrored subtree and the bookkeeping are deleted at once.
+use super::EtcdTarget;
+use super::checkpoint::Checkpoint;
+use crate::keys;
+use anyhow::Context;
+use etcd_client::{Compare, CompareOp, DeleteOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RetirePolicy {
+    Lapse,
+    Delete,
+}
+
+/// What retiring did on one peer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Retired {
+    /// The bookkeeping now lapses with the mirror (on this lease).
+    Leased(i64),
+    /// No lease of the mirror was alive: the bookkeeping was deleted.
+    BookkeepingDeleted,
+    /// The subtree and the bookkeeping were deleted.
+    Deleted { keys: i64 },
+    /// Another worker owns the mirror now: left alone.
+    OwnedByAnother,
+}
+
+pub async fn retire(peer: &EtcdTarget, origin: &str, policy: RetirePolicy) -> anyhow::Result<Retired> {
+    let mut client = peer.connect().await.context("connecting to the peer")?;
+    let owner_key = keys::owner_key(origin);
+    let read = client
+        .txn(
+            Txn::new().and_then([TxnOp::get(owner_key.as_str(), None), TxnOp::get(keys::checkpoint_key(origin), None)]),
+        )
+        .await
+        .context("reading the mirror's records")?;
+    let mut gets = read.op_responses().into_iter().map(|r| match r {
+        TxnOpResponse::Get(g) => g.kvs().first().map(|kv| (kv.mod_revision(), kv.value().to_vec())),
+        _ => None,
+    });
+    let (owner, checkpoint) = (gets.next().flatten(), gets.next().flatten());
+    drop(gets);
+    let fence = match &owner {
+        Some((mod_revision, _)) => Compare::mod_revision(owner_key.as_str(), CompareOp::Equal, *mod_revision),
+        None => Compare::version(owner_key.as_str(), CompareOp::Equal, 0),
+    };
+    let federation = keys::federation_prefix(origin);
+    let mut lapse_lease = None;
+    let ops = match policy {
+        RetirePolicy::Delete => vec![
+            TxnOp::delete(keys::region_prefix(origin), Some(DeleteOptions::new().with_prefix())),
+            TxnOp::delete(federation.as_str(), Some(DeleteOptions::new().with_prefix())),
+        ],
+        RetirePolicy::Lapse => {
+            let leases =
+                checkpoint.as_ref().and_then(|(_, v)| Checkpoint::decode(v)).map(|c| c.leases).unwrap_or_default();
+            let mut alive = None;
+            for id in leases.into_iter().filter(|id| *id != 0) {
+                if client.lease_time_to_live(id, None).await.is_ok_and(|r| r.ttl() > 0) {
+                    alive = Some(id);
+                    break;
+                }
+            }
+            lapse_lease = alive;
+            match alive {
+                None => vec![TxnOp::delete(federation.as_str(), Some(DeleteOptions::new().with_prefix()))],
+                Some(lease) => {
+                    let records = client
+                        .get(federation.as_str(), Some(etcd_client::GetOptions::new().with_prefix()))
+                        .await
+                        .context("reading the bookkeeping")?;
+                    records
+                        .kvs()
+                        .iter()
+                        .map(|kv| TxnOp::put(kv.key(), kv.value(), Some(PutOptions::new().with_lease(lease))))
+                        .collect()
+                }
+            }
+        }
+    };
+    let resp = client.txn(Txn::new().when([fence]).and_then(ops)).await.context("retiring the mirror")?;
+    if !resp.succeeded() {
+        return Ok(Retired::OwnedByAnother);
+    }
+    Ok(match policy {
+        RetirePolicy::Delete => {
+            let keys = resp
+                .op_responses()
+                .into_iter()
+                .find_map(|r| match r {
+                    TxnOpResponse::Delete(d) => Some(d.deleted()),
+                    _ => None,
+                })
+                .unwrap_or(0);
+            Retired::Deleted { keys }
+        }
+        RetirePolicy::Lapse => lapse_lease.map_or(Retired::BookkeepingDeleted, Retired::Leased),
+    })
+}
