@@ -40,8 +40,25 @@ fn start_operator_in(
     metrics_port: u16,
     namespaces: &str,
 ) -> ManagedProcess {
+    start_operator_via(apiserver, dir, name, metrics_port, namespaces, None)
+}
+
+/// The operator, reaching the API server through `via` (a fault proxy's address) if given.
+fn start_operator_via(
+    apiserver: &KubeApiserver,
+    dir: &Path,
+    name: &str,
+    metrics_port: u16,
+    namespaces: &str,
+    via: Option<std::net::SocketAddr>,
+) -> ManagedProcess {
     let token = kubectl(apiserver, &["create", "token", "aether-operator", "-n", "aether-system", "--duration", "1h"]);
     let kubeconfig = apiserver.kubeconfig_for_token(&format!("{name}.kubeconfig"), token.trim()).unwrap();
+    if let Some(via) = via {
+        let text = std::fs::read_to_string(&kubeconfig).unwrap();
+        let direct = apiserver.url().trim_start_matches("https://").to_string();
+        std::fs::write(&kubeconfig, text.replace(&direct, &via.to_string())).unwrap();
+    }
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_aether-operator"));
     cmd.arg("run")
         .arg("--kubeconfig")
@@ -534,4 +551,133 @@ async fn two_namespaces_run_side_by_side_and_see_each_others_claims() {
     dup["metadata"]["namespace"] = json!("fed2");
     create_json(&client, "fed2", dup).await.unwrap();
     wait_condition(&api2, "a-dup", "Conflict", "True", Some("RegionClaimed")).await;
+}
+
+async fn leader_gauge(port: u16) -> Option<f64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").await.ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).await.ok()?;
+    body.lines().find(|l| l.starts_with("aether_federation_leader "))?.rsplit(' ').next()?.parse().ok()
+}
+
+#[tokio::test]
+async fn a_paused_leader_stands_down_and_none_of_its_writes_land_after_the_successor() {
+    let (apiserver, a, b) =
+        tokio::try_join!(KubeApiserver::start("pause"), EtcdServer::start("pause-a"), EtcdServer::start("pause-b"))
+            .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let client = prepare(&apiserver).await;
+    put_endpoints(&a, "a", 30).await;
+    let ports = [free_port(), free_port()];
+    let operators = [
+        start_operator(&apiserver, dir.path(), "operator-p0", ports[0]),
+        start_operator(&apiserver, dir.path(), "operator-p1", ports[1]),
+    ];
+    let api: Api<RegionPeering> = Api::namespaced(client.clone(), NS);
+    create_json(&client, NS, peering("a", "a", &a, &[("b", &b)])).await.unwrap();
+    let rp = wait_condition(&api, "a", "Ready", "True", None).await;
+    let old = rp.status.unwrap().leader.unwrap();
+    let (old_i, new_i) = if old == "operator-p0" { (0, 1) } else { (1, 0) };
+    let new = format!("operator-p{new_i}");
+
+    // Every owner that writes progress on the peer, in order.
+    let mut peer = Client::connect([b.endpoint()], None).await.unwrap();
+    let mut watch =
+        peer.watch(keys::progress_key("a"), Some(etcd_client::WatchOptions::new().with_prev_key())).await.unwrap();
+    let owners = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let seen = owners.clone();
+    tokio::spawn(async move {
+        while let Ok(Some(resp)) = watch.message().await {
+            for e in resp.events() {
+                if let Some(kv) = e.kv() {
+                    let v: serde_json::Value = serde_json::from_slice(kv.value()).unwrap_or_default();
+                    seen.lock().unwrap().push(v["owner"].as_str().unwrap_or_default().to_string());
+                }
+            }
+        }
+    });
+
+    // The leader freezes past the lease duration (8 s) while the origin keeps changing.
+    let pid = operators[old_i].pid().unwrap();
+    Command::new("kill").args(["-STOP", &pid.to_string()]).status().unwrap();
+    let mut origin = Client::connect([a.endpoint()], None).await.unwrap();
+    let paused = std::time::Instant::now();
+    let mut n = 0;
+    while paused.elapsed() < Duration::from_secs(12) {
+        let key =
+            format!("{}clusters/c1/services/p/protocols/tcp/endpoints/10.3.0.{}", keys::region_prefix("a"), n % 250);
+        origin.put(key, format!("{{\"n\":{n}}}"), None).await.unwrap();
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(200)).await; // the registrar's pace
+    }
+    wait_until("the standby took over", WAIT, || {
+        let (api, new) = (api.clone(), new.clone());
+        async move { Ok(api.get("a").await?.status.and_then(|s| s.leader).as_deref() == Some(new.as_str())) }
+    })
+    .await
+    .unwrap();
+    Command::new("kill").args(["-CONT", &pid.to_string()]).status().unwrap();
+
+    // The old leader stands down and stays a standby.
+    wait_until("the old leader stands down", WAIT, || async { Ok(leader_gauge(ports[old_i]).await == Some(0.0)) })
+        .await
+        .unwrap();
+    let more = format!("{}clusters/c1/services/p/protocols/tcp/endpoints/10.3.1.1", keys::region_prefix("a"));
+    origin.put(more, "{}", None).await.unwrap();
+    let total = origin
+        .get(keys::region_prefix("a"), Some(GetOptions::new().with_prefix().with_count_only()))
+        .await
+        .unwrap()
+        .count();
+    wait_until("the successor mirrors everything", WAIT, || async { Ok(mirrored(&b, "a").await == total) })
+        .await
+        .unwrap();
+    assert_eq!(leader_gauge(ports[new_i]).await, Some(1.0));
+    let owners = owners.lock().unwrap().clone();
+    let first_new = owners.iter().position(|o| o.starts_with(&format!("{new}/"))).expect("the successor wrote");
+    assert!(
+        owners[first_new..].iter().all(|o| o.starts_with(&format!("{new}/"))),
+        "a write of the old leader landed after the successor's first: {owners:?}"
+    );
+    let _ = peer.status().await;
+}
+
+#[tokio::test]
+async fn a_leader_cut_off_from_the_api_server_stops_its_workers_before_a_standby_can_lead() {
+    let (apiserver, a, b) =
+        tokio::try_join!(KubeApiserver::start("cut"), EtcdServer::start("cut-a"), EtcdServer::start("cut-b")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let client = prepare(&apiserver).await;
+    put_endpoints(&a, "a", 10).await;
+    let api_addr: std::net::SocketAddr = apiserver.url().trim_start_matches("https://").parse().unwrap();
+    let proxy = aether_harness::FaultProxy::start(api_addr).await.unwrap();
+    let port = free_port();
+    // The only operator: it leads, and then loses the API server (not its etcds).
+    let _operator = start_operator_via(&apiserver, dir.path(), "operator-cut", port, NS, Some(proxy.addr()));
+    let api: Api<RegionPeering> = Api::namespaced(client.clone(), NS);
+    create_json(&client, NS, peering("a", "a", &a, &[("b", &b)])).await.unwrap();
+    wait_condition(&api, "a", "Ready", "True", None).await;
+    assert_eq!(leader_gauge(port).await, Some(1.0));
+
+    proxy.set_blackhole(true);
+    let cut = std::time::Instant::now();
+    // The lease lasts 8 s from its last renewal: the leader must stop before then.
+    wait_until("the cut-off leader stands down", Duration::from_secs(8), || async {
+        Ok(leader_gauge(port).await == Some(0.0))
+    })
+    .await
+    .unwrap();
+    eprintln!("the cut-off leader stood down {:?} after the cut", cut.elapsed());
+    // Its workers stopped: the mirror is no longer kept alive from here (it lapses on b).
+    wait_until("the mirror lapses once nobody leads", WAIT, || async { Ok(mirrored(&b, "a").await == 0) })
+        .await
+        .unwrap();
+
+    // The API server is back: the same instance leads again and the mirror returns.
+    proxy.set_blackhole(false);
+    proxy.reset_connections();
+    wait_until("it leads again", WAIT, || async { Ok(leader_gauge(port).await == Some(1.0)) }).await.unwrap();
+    wait_until("the mirror is back", WAIT, || async { Ok(mirrored(&b, "a").await == 10) }).await.unwrap();
 }
