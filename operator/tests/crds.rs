@@ -125,6 +125,21 @@ async fn crds_install_validate_and_print() -> anyhow::Result<()> {
             with(valid_spec(), &["failureDetector"], json!({"acceptablePauseSeconds": 0})),
             "spec.failureDetector.acceptablePauseSeconds",
         ),
+        (
+            "acceptable pause not shorter than the TTL",
+            with(valid_spec(), &["failureDetector"], json!({"acceptablePauseSeconds": 30})),
+            "spec.failureDetector.acceptablePauseSeconds",
+        ),
+        (
+            "keepalive more than a third of the TTL",
+            with(valid_spec(), &["lease"], json!({"ttlSeconds": 10, "keepaliveIntervalSeconds": 4})),
+            "spec.lease.keepaliveIntervalSeconds",
+        ),
+        (
+            "a peer that is the local etcd",
+            with(valid_spec(), &["peers"], json!([{"region": "b", "endpoints": ["http://127.0.0.1:2379"]}])),
+            "spec.peers",
+        ),
     ];
     assert!(invalid.len() >= 10);
     for (what, spec, field) in invalid {
@@ -133,6 +148,26 @@ async fn crds_install_validate_and_print() -> anyhow::Result<()> {
             Err(message) => assert!(message.contains(field), "{what}: message {message:?} does not name {field}"),
         }
     }
+
+    // RegistrySchema: the legacy prefix can be neither the root nor inside the v1 layout.
+    for (prefix, needle) in [("/", "spec.legacyPrefix"), ("/aether/v1/regions/", "spec.legacyPrefix")] {
+        let schema = json!({
+            "apiVersion": "federation.aether.dev/v1alpha1",
+            "kind": "RegistrySchema",
+            "metadata": {"generateName": "bad-"},
+            "spec": {"etcd": {"endpoints": ["http://127.0.0.1:2379"]}, "region": "eu", "cluster": "c", "legacyPrefix": prefix},
+        });
+        match create_json(&client, "aether-system", schema).await {
+            Ok(_) => panic!("legacyPrefix {prefix} accepted"),
+            Err(message) => assert!(message.contains(needle), "{prefix}: {message}"),
+        }
+    }
+
+    // `kubectl explain` says what the kind is, in sentences.
+    let output = apiserver.kubectl()?.args(["explain", "regionpeering"]).output()?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(text.contains("The federation topology of one region"), "{text}");
+    assert!(!text.contains("Auto-generated derived type"), "{text}");
 
     // The region is immutable.
     let rp = dynamic_api(&client, "RegionPeering", "aether-system");

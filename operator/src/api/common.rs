@@ -9,10 +9,10 @@ use serde::{Deserialize, Serialize};
 pub struct EtcdConnection {
     /// Client URLs of the etcd members, such as `https://etcd-0.etcd:2379`. Plain `http://` is used
     /// only where the URL says so.
-    #[schemars(length(min = 1, max = 16), inner(regex(pattern = r"^https?://[^\s/]+/?$")))]
+    #[schemars(length(min = 1, max = 16), inner(regex(pattern = r"^https?://[^\s/]+/?$"), length(max = 253)))]
     pub endpoints: Vec<String>,
     /// Client credentials for TLS. Without it, `https://` endpoints are verified against the
-    /// system roots and no client certificate is sent.
+    /// public web PKI roots and no client certificate is sent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<EtcdTls>,
 }

@@ -15,7 +15,38 @@ pub const GROUP: &str = "federation.aether.dev";
 /// Every CRD this operator serves, in the order they are written to `crds/`.
 pub fn all_crds() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> {
     use kube::CustomResourceExt;
-    vec![RegionPeering::crd(), RegistrySchema::crd()]
+    vec![RegionPeering::crd(), RegistrySchema::crd()].into_iter().map(unwrap_descriptions).collect()
+}
+
+/// Doc comments wrap at the source's line width; `kubectl explain` should show sentences, not
+/// those line breaks. A blank line (a paragraph break) stays.
+fn unwrap_descriptions(
+    crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+) -> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
+    fn walk(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(map) => {
+                for (k, child) in map.iter_mut() {
+                    match child {
+                        serde_json::Value::String(text) if k == "description" => *text = unwrap(text),
+                        _ => walk(child),
+                    }
+                }
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(walk),
+            _ => {}
+        }
+    }
+    let mut value = serde_json::to_value(&crd).expect("a CRD always serializes");
+    walk(&mut value);
+    serde_json::from_value(value).expect("the same CRD")
+}
+
+fn unwrap(text: &str) -> String {
+    text.split("\n\n")
+        .map(|p| p.split('\n').map(str::trim).collect::<Vec<_>>().join(" "))
+        .collect::<Vec<_>>()
+        .join("\n\n")
 }
 
 /// The CRDs as the YAML committed in `crds/`: (file name, contents).

@@ -17,6 +17,7 @@ pub const REGION_PATTERN: &str = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$";
     group = "federation.aether.dev",
     version = "v1alpha1",
     kind = "RegionPeering",
+    doc = "The federation topology of one region: its registry etcd and its peers. The region's leader mirrors the region's subtree into every peer's etcd under an origin-heartbeat lease and reports per-peer replication and keepalive health.",
     namespaced,
     status = "RegionPeeringStatus",
     shortname = "rpeer",
@@ -53,6 +54,8 @@ pub const REGION_PATTERN: &str = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$";
     printcolumn(name = "Suspended", type_ = "boolean", json_path = ".spec.suspend", priority = "1")
 )]
 #[x_kube(validation = Rule::new("!has(self.peers) || self.peers.all(p, p.region != self.region)").message("a peer may not be the own region").field_path(".peers").reason(Reason::FieldValueInvalid))]
+#[x_kube(validation = Rule::new("!has(self.peers) || self.peers.all(p, p.endpoints.all(e, !(e in self.localEtcd.endpoints)))").message("a peer's endpoints may not be the local etcd's: the region would mirror into itself").field_path(".peers").reason(Reason::FieldValueInvalid))]
+#[x_kube(validation = Rule::new("!has(self.failureDetector) || !has(self.lease) || self.failureDetector.acceptablePauseSeconds < self.lease.ttlSeconds").message("failureDetector.acceptablePauseSeconds must be shorter than lease.ttlSeconds, or a peer is reported unreachable only after its mirror has lapsed").field_path(".failureDetector.acceptablePauseSeconds").reason(Reason::FieldValueInvalid))]
 #[serde(rename_all = "camelCase")]
 pub struct RegionPeeringSpec {
     /// This region's name, a DNS label. The operator mirrors `/aether/v1/regions/<region>/` of the
@@ -106,7 +109,7 @@ pub struct PeerRegion {
     #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"))]
     pub region: String,
     /// Client URLs of the peer's registry etcd.
-    #[schemars(length(min = 1, max = 16), inner(regex(pattern = r"^https?://[^\s/]+/?$")))]
+    #[schemars(length(min = 1, max = 16), inner(regex(pattern = r"^https?://[^\s/]+/?$"), length(max = 253)))]
     pub endpoints: Vec<String>,
     /// Client credentials for the peer's etcd.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -123,7 +126,7 @@ impl PeerRegion {
 /// keeps alive; when the region goes away, its mirror expires on every peer within the TTL.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("self.keepaliveIntervalSeconds < self.ttlSeconds").message("keepaliveIntervalSeconds must be shorter than ttlSeconds").field_path(".keepaliveIntervalSeconds"))]
+#[x_kube(validation = Rule::new("self.keepaliveIntervalSeconds * 3 <= self.ttlSeconds").message("keepaliveIntervalSeconds must be at most a third of ttlSeconds, so that two keepalives may fail before the lease expires").field_path(".keepaliveIntervalSeconds"))]
 pub struct LeaseSettings {
     /// Lease TTL in seconds: how long a peer keeps this region's mirror after the last keepalive.
     #[serde(default = "default_ttl")]

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
     group = "federation.aether.dev",
     version = "v1alpha1",
     kind = "RegistrySchema",
+    doc = "The key layout of one registry etcd. With targetVersion v1 the operator drains the legacy flat keys into the origin-first layout, losslessly under concurrent legacy writers, and reports its progress.",
     namespaced,
     status = "RegistrySchemaStatus",
     shortname = "regschema",
@@ -37,9 +38,11 @@ pub struct RegistrySchemaSpec {
     /// The cluster for legacy values that carry no `clusterName`.
     #[schemars(length(min = 1, max = 253), regex(pattern = r"^[^/\s]+$"))]
     pub cluster: String,
-    /// The legacy prefix.
+    /// The legacy prefix: a key prefix that starts and ends with `/`, neither the root nor inside
+    /// the v1 layout.
     #[serde(default = "default_legacy_prefix")]
-    #[schemars(regex(pattern = r"^/.*/$"))]
+    #[schemars(regex(pattern = r"^/.+/$"), length(max = 253))]
+    #[x_kube(validation = Rule::new("!self.startsWith('/aether/v1/')").message("legacyPrefix may not be inside the v1 layout /aether/v1/"))]
     pub legacy_prefix: String,
     /// The schema version to reach.
     #[serde(default)]
