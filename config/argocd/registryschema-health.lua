@@ -15,7 +15,8 @@ local phase = obj.status.phase
 local counts = obj.status.counts or {}
 local summary = string.format("%s: %d copied, %d already in v1, %d skipped, %d deleted",
   phase, counts.copied or 0, counts.alreadyPresent or 0, counts.skipped or 0, counts.deleted or 0)
-if phase == "Complete" then
+if phase == "Complete" or phase == "DryRunComplete" then
+  -- A finished dry run has done all it will do: healthy, and the message says it was a dry run.
   hs.status = "Healthy"
 elseif phase == "Failed" then
   hs.status = "Degraded"

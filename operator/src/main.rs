@@ -132,7 +132,8 @@ async fn main() -> anyhow::Result<()> {
             init_tracing(LogFormat::Text);
             let report = run_drain(args).await?;
             print!("{}", report.render());
-            if report.phase != Some(aether_operator::drain::DrainPhase::Complete) {
+            use aether_operator::drain::DrainPhase;
+            if !matches!(report.phase, Some(DrainPhase::Complete | DrainPhase::DryRunComplete)) {
                 std::process::exit(1);
             }
             Ok(())

@@ -108,7 +108,7 @@ impl Default for DrainSettings {
 pub struct RegistrySchemaStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// Pending, Copying, Draining, Complete or Failed.
+    /// Pending, Copying, Draining, Complete, DryRunComplete or Failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
     /// Migrated and Drained.

@@ -18,6 +18,37 @@ pub enum AccessError {
     Unpaired { secret: String, key: &'static str, pair: &'static str },
     #[error("endpoints mix http:// and https://; use one scheme")]
     MixedSchemes,
+    #[error("Secret {secret}: reading it is forbidden to the operator (grant it get on this Secret)")]
+    SecretForbidden { secret: String },
+    #[error("Secret {secret} could not be read: {error}")]
+    SecretUnreadable { secret: String, error: String },
+    #[error(
+        "Secret {secret} holds a username and password but the endpoints are http://: the password would cross the network in clear; use https:// endpoints"
+    )]
+    PlaintextCredentials { secret: String },
+}
+
+/// How reading a referenced Secret went.
+pub enum SecretRead {
+    Found(Box<Secret>),
+    Missing,
+    Failed(AccessError),
+}
+
+impl SecretRead {
+    /// Maps the API's answer for Secret `name`.
+    pub fn from_result(name: &str, result: Result<Option<Secret>, kube::Error>) -> Self {
+        match result {
+            Ok(Some(secret)) => SecretRead::Found(Box::new(secret)),
+            Ok(None) => SecretRead::Missing,
+            Err(kube::Error::Api(status)) if status.code == 403 => {
+                SecretRead::Failed(AccessError::SecretForbidden { secret: name.to_string() })
+            }
+            Err(e) => {
+                SecretRead::Failed(AccessError::SecretUnreadable { secret: name.to_string(), error: e.to_string() })
+            }
+        }
+    }
 }
 
 impl AccessError {
@@ -25,6 +56,9 @@ impl AccessError {
     pub fn reason(&self) -> &'static str {
         match self {
             AccessError::SecretMissing { .. } => "SecretNotFound",
+            AccessError::SecretForbidden { .. } => "SecretForbidden",
+            AccessError::SecretUnreadable { .. } => "SecretUnreadable",
+            AccessError::PlaintextCredentials { .. } => "InsecureCredentials",
             AccessError::MixedSchemes => "EndpointsInvalid",
             _ => "SecretInvalid",
         }
@@ -85,6 +119,7 @@ pub fn access(connection: &EtcdConnection, secret: Option<&Secret>) -> Result<Ac
             target = target.with_tls(tls_options);
         }
         match (get("username"), get("password")) {
+            (Some(_), Some(_)) if https == 0 => return Err(AccessError::PlaintextCredentials { secret: name }),
             (Some(user), Some(password)) => {
                 user.hash(&mut hasher);
                 password.hash(&mut hasher);
@@ -152,5 +187,28 @@ mod tests {
             plain.target.tls.is_none() && plain.target.user.is_none(),
             "plain http only where the endpoint says so, and then no TLS"
         );
+    }
+
+    #[test]
+    fn a_password_is_never_sent_over_plain_http() {
+        let s = secret(&[("username", "u"), ("password", "p")]);
+        let err = access(&conn(&["http://e:2379"], Some("creds")), Some(&s)).err().expect("refused");
+        assert_eq!(err.reason(), "InsecureCredentials");
+        assert!(err.to_string().contains("Secret creds"), "{err}");
+    }
+
+    #[test]
+    fn a_forbidden_secret_is_not_a_missing_one() {
+        let forbidden = kube::Error::Api(
+            serde_json::from_value(
+                serde_json::json!({"status": "Failure", "message": "forbidden", "reason": "Forbidden", "code": 403}),
+            )
+            .unwrap(),
+        );
+        match SecretRead::from_result("creds", Err(forbidden)) {
+            SecretRead::Failed(e) => assert_eq!(e.reason(), "SecretForbidden"),
+            _ => panic!("a 403 is its own error"),
+        }
+        assert!(matches!(SecretRead::from_result("creds", Ok(None)), SecretRead::Missing));
     }
 }

@@ -1,6 +1,6 @@
 //! The RegionPeering reconciler: turns the spec into running mirror workers, and what they report
 //! into status, events and metrics. Only the region's leader runs it.
-use super::etcd_access::{Access, AccessError, access};
+use super::etcd_access::{Access, AccessError, SecretRead, access};
 use super::plan::{Claim, WorkerChange, conflict, worker_changes};
 use super::status::{self, Observation, STATUS_HEARTBEAT};
 use crate::api::{EtcdConnection, RegionPeering, RegionPeeringSpec};
@@ -54,6 +54,8 @@ pub struct Context {
     /// When each object's status was last written, and the region it named.
     patched: Mutex<HashMap<String, Instant>>,
     announced: Mutex<std::collections::HashSet<String>>,
+    /// Warnings published lately: (object, reason, note) -> when.
+    warned: Mutex<HashMap<(String, String, String), Instant>>,
 }
 
 impl Context {
@@ -70,6 +72,7 @@ impl Context {
             locals: tokio::sync::Mutex::new(HashMap::new()),
             patched: Mutex::new(HashMap::new()),
             announced: Mutex::new(Default::default()),
+            warned: Mutex::new(HashMap::new()),
         })
     }
 
@@ -404,11 +407,26 @@ fn worker_fingerprint(spec: &RegionPeeringSpec, peer: &str, local: u64, remote: 
 
 /// Reads the connection's Secret (if any) and builds the access.
 async fn resolve(ctx: &Context, namespace: &str, connection: &EtcdConnection) -> Result<Access, AccessError> {
+    resolve_connection(&ctx.client, namespace, connection).await
+}
+
+/// Reads the connection's Secret (if any) and builds the access; a Secret that is missing,
+/// forbidden or unreadable is each its own error.
+pub(crate) async fn resolve_connection(
+    client: &kube::Client,
+    namespace: &str,
+    connection: &EtcdConnection,
+) -> Result<Access, AccessError> {
     let secret = match &connection.tls {
         None => None,
         Some(tls) => {
-            let api: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
-            api.get_opt(&tls.secret_ref.name).await.ok().flatten()
+            let api: Api<Secret> = Api::namespaced(client.clone(), namespace);
+            let name = &tls.secret_ref.name;
+            match SecretRead::from_result(name, api.get_opt(name).await) {
+                SecretRead::Found(secret) => Some(*secret),
+                SecretRead::Missing => None,
+                SecretRead::Failed(e) => return Err(e),
+            }
         }
     };
     access(connection, secret.as_ref())
@@ -525,10 +543,23 @@ async fn publish(ctx: &Context, rp: &RegionPeering, type_: EventType, reason: &s
     }
 }
 
-/// Publishes a warning; the recorder folds repeats into one Event with a count.
+/// Publishes a warning once: the same reason and note for the same object again only after
+/// `WARNING_REPEAT`, not on every reconcile.
 async fn publish_once(ctx: &Context, rp: &RegionPeering, reason: &str, note: String) {
+    let key = (object_key(rp), reason.to_string(), note.clone());
+    {
+        let mut warned = ctx.warned.lock().expect("lock");
+        if warned.get(&key).is_some_and(|at| at.elapsed() < WARNING_REPEAT) {
+            return;
+        }
+        warned.retain(|_, at| at.elapsed() < WARNING_REPEAT);
+        warned.insert(key, Instant::now());
+    }
     publish(ctx, rp, EventType::Warning, reason, note).await;
 }
+
+/// How long a repeated warning stays quiet.
+const WARNING_REPEAT: Duration = Duration::from_secs(600);
 
 async fn observe_inbound(
     ctx: &Context,

@@ -1,12 +1,10 @@
 //! The RegistrySchema reconciler: runs the v0 -> v1 drain (leader only) and reports its phases
 //! and counters in status.
-use super::etcd_access::access;
 use super::region_peering::ControllerSettings;
 use crate::api::{DrainCounts, RegistrySchema, RegistrySchemaStatus};
 use crate::drain::{DrainPhase, DrainReport, DrainSettings, drain};
 use crate::metrics::{DrainLabels, Metrics};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
@@ -155,11 +153,7 @@ async fn apply(rs: Arc<RegistrySchema>, ctx: Arc<Context>) -> Result<Action, Err
 
     let previous = rs.status.clone().unwrap_or_default();
 
-    let secret = match &spec.etcd.tls {
-        Some(tls) => Api::<Secret>::namespaced(ctx.client.clone(), &namespace).get_opt(&tls.secret_ref.name).await?,
-        None => None,
-    };
-    let target = match access(&spec.etcd, secret.as_ref()) {
+    let target = match super::region_peering::resolve_connection(&ctx.client, &namespace, &spec.etcd).await {
         Ok(a) => a,
         Err(e) => {
             let status = failed_status(&previous, rs.metadata.generation, e.reason(), &e.to_string());
@@ -331,10 +325,34 @@ pub fn status_from(
         &format!("{} legacy keys deleted; malformed keys are left in place{dry}", report.deleted),
         generation,
     );
+    // Ready: the registry is on v1 (the legacy prefix drained); a dry run is never Ready.
+    let ready = if report.dry_run {
+        condition(
+            previous,
+            "Ready",
+            false,
+            "DryRun",
+            "a dry run: nothing was migrated; set dryRun to false to migrate",
+            generation,
+        )
+    } else if complete {
+        condition(
+            previous,
+            "Ready",
+            true,
+            "Migrated",
+            "the registry is on v1; late legacy writes are migrated too",
+            generation,
+        )
+    } else if let Some(e) = error {
+        condition(previous, "Ready", false, "Retrying", &format!("the drain retries after: {e}"), generation)
+    } else {
+        condition(previous, "Ready", false, phase.as_str(), "the drain is running", generation)
+    };
     RegistrySchemaStatus {
         observed_generation: generation,
         phase: Some(phase.as_str().to_string()),
-        conditions: vec![migrated, drained],
+        conditions: vec![ready, migrated, drained],
         counts: DrainCounts {
             legacy_seen: report.legacy_seen,
             copied: report.copied,
@@ -383,11 +401,16 @@ mod tests {
         assert!(s.conditions.iter().all(|c| c.status == "False"));
         report.phase = Some(DrainPhase::Draining);
         let s = status_from(&s, Some(1), &report, None);
-        assert_eq!(s.conditions[0].status, "True");
-        assert_eq!(s.conditions[1].reason, "WaitingForQuiet");
+        assert_eq!(s.conditions[1].status, "True");
+        assert_eq!(s.conditions[2].reason, "WaitingForQuiet");
         report.phase = Some(DrainPhase::Complete);
         let s = status_from(&s, Some(1), &report, None);
         assert!(s.conditions.iter().all(|c| c.status == "True"));
+        let dry = DrainReport { phase: Some(DrainPhase::DryRunComplete), dry_run: true, ..Default::default() };
+        let d = status_from(&RegistrySchemaStatus::default(), Some(1), &dry, None);
+        assert_eq!(d.phase.as_deref(), Some("DryRunComplete"), "a dry run never reads as Complete");
+        assert!(d.conditions.iter().all(|c| c.status == "False"));
+        assert_eq!(d.conditions[0].reason, "DryRun");
         assert!(s.completed_time.is_some());
         let s = status_from(&s, Some(1), &report, Some("etcd down"));
         assert!(s.message.unwrap().contains("etcd down"));

@@ -78,6 +78,8 @@ pub enum DrainPhase {
     /// Forwarding legacy writes while waiting for the prefix to be quiet.
     Draining,
     Complete,
+    /// A dry run finished: nothing was written.
+    DryRunComplete,
     Failed,
 }
 
@@ -88,6 +90,7 @@ impl DrainPhase {
             DrainPhase::Copying => "Copying",
             DrainPhase::Draining => "Draining",
             DrainPhase::Complete => "Complete",
+            DrainPhase::DryRunComplete => "DryRunComplete",
             DrainPhase::Failed => "Failed",
         }
     }

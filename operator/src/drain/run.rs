@@ -117,7 +117,7 @@ async fn dry_run(
     progress.send_replace(record.report.clone());
     copy_pass(client, settings, &None, &mut record, progress, cancel).await?;
     let mut report = record.report;
-    report.phase = Some(DrainPhase::Complete);
+    report.phase = Some(DrainPhase::DryRunComplete);
     report.message = Some("dry run: nothing was written".to_string());
     progress.send_replace(report.clone());
     Ok(report)
