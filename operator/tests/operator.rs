@@ -546,9 +546,12 @@ async fn two_namespaces_run_side_by_side_and_see_each_others_claims() {
     assert_eq!(since(&api1.get("a").await.unwrap()), since(&first_a));
     assert_eq!(since(&api2.get("b").await.unwrap()), since(&first_b));
 
-    // A claim on region a's etcd in the other namespace is a conflict.
+    // A claim on region a's etcd in the other namespace is a conflict, even under another URL
+    // (the same etcd, reached through a proxy): claims compare cluster ids.
+    let other_url = aether_harness::FaultProxy::start(a.client_addr()).await.unwrap();
     let mut dup = peering("a-dup", "a", &a, &[("c", &c)]);
     dup["metadata"]["namespace"] = json!("fed2");
+    dup["spec"]["localEtcd"]["endpoints"] = json!([other_url.endpoint("http")]);
     create_json(&client, "fed2", dup).await.unwrap();
     wait_condition(&api2, "a-dup", "Conflict", "True", Some("RegionClaimed")).await;
 }

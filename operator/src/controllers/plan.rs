@@ -39,6 +39,9 @@ pub struct Claim {
     pub endpoints: Vec<String>,
     /// RFC 3339 creation time; the oldest claim wins.
     pub created: String,
+    /// The local etcd's cluster id, once known: two claims naming one etcd by different URLs
+    /// (a Service name and a pod IP, say) are the same target.
+    pub cluster_id: Option<u64>,
 }
 
 impl Claim {
@@ -48,7 +51,9 @@ impl Claim {
             v.sort();
             v
         };
-        self.region == other.region && norm(&self.endpoints).iter().any(|e| norm(&other.endpoints).contains(e))
+        let same_cluster = matches!((self.cluster_id, other.cluster_id), (Some(a), Some(b)) if a == b);
+        self.region == other.region
+            && (same_cluster || norm(&self.endpoints).iter().any(|e| norm(&other.endpoints).contains(e)))
     }
 }
 
@@ -91,6 +96,7 @@ mod tests {
             region: region.into(),
             endpoints: vec![endpoint.into()],
             created: created.into(),
+            cluster_id: None,
         }
     }
 
@@ -103,5 +109,17 @@ mod tests {
         let all = vec![first.clone(), second.clone(), other_region, other_etcd];
         assert_eq!(conflict(&first, &all), None);
         assert!(conflict(&second, &all).unwrap().contains("ns/first"));
+    }
+
+    #[test]
+    fn one_etcd_under_two_urls_is_one_target() {
+        let mut first = claim("ns/first", "a", "http://etcd.svc:2379", "2026-01-01T00:00:00Z");
+        let mut second = claim("ns/second", "a", "http://10.0.0.7:2379", "2026-01-02T00:00:00Z");
+        assert_eq!(conflict(&second, &[first.clone(), second.clone()]), None, "unknown ids: URLs decide");
+        first.cluster_id = Some(42);
+        second.cluster_id = Some(42);
+        assert!(conflict(&second, &[first.clone(), second.clone()]).unwrap().contains("ns/first"));
+        second.cluster_id = Some(43);
+        assert_eq!(conflict(&second, &[first.clone(), second.clone()]), None);
     }
 }

@@ -54,6 +54,8 @@ pub struct Context {
     /// When each object's status was last written, and the region it named.
     patched: Mutex<HashMap<String, Instant>>,
     announced: Mutex<std::collections::HashSet<String>>,
+    /// The local etcd cluster id of each object, once seen.
+    cluster_ids: Mutex<HashMap<String, u64>>,
     /// Warnings published lately: (object, reason, note) -> when.
     warned: Mutex<HashMap<(String, String, String), Instant>>,
 }
@@ -73,6 +75,7 @@ impl Context {
             patched: Mutex::new(HashMap::new()),
             announced: Mutex::new(Default::default()),
             warned: Mutex::new(HashMap::new()),
+            cluster_ids: Mutex::new(HashMap::new()),
         })
     }
 
@@ -188,6 +191,7 @@ async fn cleanup(rp: Arc<RegionPeering>, ctx: Arc<Context>) -> Result<Action, Er
     ctx.announced.lock().expect("lock").remove(&key);
     ctx.patched.lock().expect("lock").remove(&key);
     ctx.failures.lock().expect("lock").remove(&key);
+    ctx.cluster_ids.lock().expect("lock").remove(&key);
     let spec = &rp.spec;
     let policy = match spec.deletion_policy {
         crate::api::DeletionPolicy::Lapse => mirror::retire::RetirePolicy::Lapse,
@@ -250,18 +254,24 @@ async fn apply(rp: Arc<RegionPeering>, ctx: Arc<Context>) -> Result<Action, Erro
         .await;
     }
 
-    // Which workers should run.
-    let claims: Vec<Claim> = ctx
+    // Which workers should run. Claims compare etcd cluster ids once they are known.
+    let local = resolve(&ctx, &namespace, &spec.local_etcd).await;
+    if let Ok(local_access) = &local
+        && let Some(id) = local_cluster_id(&ctx, &key, local_access).await
+    {
+        ctx.cluster_ids.lock().expect("lock").insert(key.clone(), id);
+    }
+    let objects: Vec<RegionPeering> = ctx
         .stores
         .lock()
         .expect("store lock")
         .iter()
-        .flat_map(|s| s.state().iter().map(|o| claim(o)).collect::<Vec<_>>())
+        .flat_map(|s| s.state().iter().map(|o| (**o).clone()).collect::<Vec<_>>())
         .collect();
-    let conflict = conflict(&claim(&rp), &claims);
+    let claims: Vec<Claim> = objects.iter().map(|o| claim(&ctx, o)).collect();
+    let conflict = conflict(&claim(&ctx, &rp), &claims);
     let mut config_errors: Vec<(String, String)> = Vec::new();
     let mut desired: BTreeMap<String, (u64, Access, Access)> = BTreeMap::new();
-    let local = resolve(&ctx, &namespace, &spec.local_etcd).await;
     if conflict.is_none() && !spec.suspend {
         match &local {
             Err(e) => config_errors.push((e.reason().to_string(), format!("localEtcd: {e}"))),
@@ -388,9 +398,11 @@ async fn apply(rp: Arc<RegionPeering>, ctx: Arc<Context>) -> Result<Action, Erro
 /// The field manager of everything this operator writes.
 pub const FIELD_MANAGER: &str = "aether-operator";
 
-fn claim(rp: &RegionPeering) -> Claim {
+fn claim(ctx: &Context, rp: &RegionPeering) -> Claim {
+    let object = object_key(rp);
     Claim {
-        object: object_key(rp),
+        cluster_id: ctx.cluster_ids.lock().expect("lock").get(&object).copied(),
+        object,
         region: rp.spec.region.clone(),
         endpoints: rp.spec.local_etcd.endpoints.clone(),
         created: rp.metadata.creation_timestamp.as_ref().map(|t| t.0.to_string()).unwrap_or_default(),
@@ -567,22 +579,29 @@ async fn observe_inbound(
     spec: &RegionPeeringSpec,
     local: &Access,
 ) -> Vec<inbound::InboundOrigin> {
-    let mut locals = ctx.locals.lock().await;
-    let fresh = !matches!(locals.get(key), Some((f, _)) if *f == local.fingerprint);
-    if fresh {
-        match local.target.connect().await {
-            Ok(c) => {
-                locals.insert(key.to_string(), (local.fingerprint, c));
-            }
-            Err(_) => return Vec::new(),
-        }
-    }
-    let Some((_, client)) = locals.get_mut(key) else { return Vec::new() };
+    let Some(mut client) = local_client(ctx, key, local).await else { return Vec::new() };
     let expected: Vec<String> = spec.peers.iter().map(|p| p.region.clone()).collect();
-    match tokio::time::timeout(Duration::from_secs(5), inbound::observe(client, &spec.region, &expected)).await {
+    match tokio::time::timeout(Duration::from_secs(5), inbound::observe(&mut client, &spec.region, &expected)).await {
         Ok(Ok(v)) => v,
         _ => Vec::new(),
     }
+}
+
+/// A client of the object's local etcd, kept between reconciles.
+async fn local_client(ctx: &Context, key: &str, local: &Access) -> Option<etcd_client::Client> {
+    let mut locals = ctx.locals.lock().await;
+    if !matches!(locals.get(key), Some((f, _)) if *f == local.fingerprint) {
+        let client = tokio::time::timeout(Duration::from_secs(5), local.target.connect()).await.ok()?.ok()?;
+        locals.insert(key.to_string(), (local.fingerprint, client));
+    }
+    locals.get(key).map(|(_, c)| c.clone())
+}
+
+/// The local etcd's cluster id, if it answers.
+async fn local_cluster_id(ctx: &Context, key: &str, local: &Access) -> Option<u64> {
+    let mut client = local_client(ctx, key, local).await?;
+    let status = tokio::time::timeout(Duration::from_secs(5), client.status()).await.ok()?.ok()?;
+    status.header().map(|h| h.cluster_id())
 }
 
 /// Stops the workers of objects that no longer exist (deleted objects are not reconciled).
@@ -610,5 +629,6 @@ async fn sweep_deleted(ctx: &Arc<Context>) {
         }
         ctx.locals.lock().await.remove(&key);
         ctx.announced.lock().expect("lock").remove(&key);
+        ctx.cluster_ids.lock().expect("lock").remove(&key);
     }
 }
