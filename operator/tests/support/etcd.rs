@@ -40,13 +40,20 @@ pub fn large_value(region: &str, i: usize, version: &str, bytes: usize) -> Strin
 
 /// key -> (value, lease) under a prefix, read page by page (values may be large).
 pub async fn subtree(c: &mut Client, prefix: &str) -> BTreeMap<Vec<u8>, (Vec<u8>, i64)> {
+    try_subtree(c, prefix).await.expect("range")
+}
+
+/// As [`subtree`], with the error (a cluster electing a leader answers "leader changed").
+pub async fn try_subtree(
+    c: &mut Client,
+    prefix: &str,
+) -> Result<BTreeMap<Vec<u8>, (Vec<u8>, i64)>, etcd_client::Error> {
     let end = keys::prefix_range_end(prefix.as_bytes());
     let mut out = BTreeMap::new();
     let mut from = prefix.as_bytes().to_vec();
     loop {
         let mut kv = c.kv_client().max_decoding_message_size(256 << 20);
-        let resp = kv.get(from.clone(), Some(GetOptions::new().with_range(end.clone()).with_limit(50))).await;
-        let resp = resp.expect("range");
+        let resp = kv.get(from.clone(), Some(GetOptions::new().with_range(end.clone()).with_limit(50))).await?;
         for kv in resp.kvs() {
             out.insert(kv.key().to_vec(), (kv.value().to_vec(), kv.lease()));
         }
@@ -55,7 +62,7 @@ pub async fn subtree(c: &mut Client, prefix: &str) -> BTreeMap<Vec<u8>, (Vec<u8>
                 from = last.key().to_vec();
                 from.push(0);
             }
-            _ => return out,
+            _ => return Ok(out),
         }
     }
 }
@@ -86,8 +93,10 @@ pub async fn checkpoint(peer: &mut Client, origin: &str) -> Option<Checkpoint> {
 /// every peer key sits on a live lease that the checkpoint names.
 pub async fn difference(origin: &mut Client, peer: &mut Client, region: &str) -> Option<String> {
     let prefix = keys::region_prefix(region);
-    let ov = values(origin, &prefix).await;
-    let pv = subtree(peer, &prefix).await;
+    let (ov, pv) = match (try_subtree(origin, &prefix).await, try_subtree(peer, &prefix).await) {
+        (Ok(o), Ok(p)) => (o.into_iter().map(|(k, (v, _))| (k, v)).collect::<BTreeMap<_, _>>(), p),
+        (Err(e), _) | (_, Err(e)) => return Some(format!("reading failed: {e}")),
+    };
     let missing = ov.keys().filter(|k| !pv.contains_key(*k)).count();
     let extra = pv.keys().filter(|k| !ov.contains_key(*k)).count();
     let stale = ov.iter().filter(|(k, v)| pv.get(*k).is_some_and(|(pv, _)| pv != *v)).count();
