@@ -475,8 +475,11 @@ fn start_worker(
     let events = tokio::spawn(async move {
         while let Some(event) = rx.recv().await {
             let (type_, reason, note) = describe(&event, &region, &peer_name);
-            let event =
-                KubeEvent { type_, reason: reason.into(), note: Some(note), action: "Mirror".into(), secondary: None };
+            // The recorder folds events by type, reason and action (not the note) into one
+            // series: the action names the peer, or a second peer's event would vanish into the
+            // first's.
+            let action = format!("Mirror:{peer_name}");
+            let event = KubeEvent { type_, reason: reason.into(), note: Some(note), action, secondary: None };
             if let Err(error) = ctx2.recorder.publish(&event, &reference).await {
                 warn!(%error, "could not publish an event");
             }
