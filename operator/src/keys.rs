@@ -153,6 +153,12 @@ pub fn drain_lock_key(legacy_prefix: &str) -> String {
     format!("/aether/v1/drain/lock{legacy_prefix}")
 }
 
+/// Under this prefix the drain marks each of its delete Txns (a key written in the same Txn, so its
+/// mod revision is the delete's): after a restart it still knows which deletes were its own.
+pub fn drain_deletes_prefix(legacy_prefix: &str) -> String {
+    format!("/aether/v1/drain/deleted{legacy_prefix}")
+}
+
 /// Where the drain of one legacy prefix records its progress.
 pub fn drain_record_key(legacy_prefix: &str) -> String {
     format!("/aether/v1/drain/progress{legacy_prefix}")

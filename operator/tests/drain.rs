@@ -441,3 +441,44 @@ async fn a_late_legacy_writer_after_complete_is_migrated() {
     cancel.cancel();
     task.await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn a_drain_killed_right_after_deleting_never_forwards_its_own_deletes() {
+    let etcd = EtcdServer::start("drain-own").await.unwrap();
+    let mut c = Client::connect([etcd.endpoint()], None).await.unwrap();
+    const N: usize = 3000;
+    write_legacy(&mut c, 0..N, "v0").await;
+    let latest: HashMap<usize, String> = (0..N).map(|i| (i, legacy_value(i, "v0"))).collect();
+    // Killed as soon as its delete pass has deleted something, before it recorded that pass.
+    let (task, mut progress, _cancel) = start_drain(&c, settings());
+    tokio::time::timeout(Duration::from_secs(60), progress.wait_for(|r| r.deleted > 0)).await.unwrap().unwrap();
+    task.abort();
+    // The next run watches the legacy prefix from before those deletes: they are its own.
+    let report = run_drain_when_free(&c, &settings()).await;
+    assert_eq!(report.phase, Some(DrainPhase::Complete));
+    assert_eq!(count(&mut c, "/aether/services/").await, 0);
+    assert_every_endpoint_migrated(&mut c, &latest).await;
+    assert_eq!(count(&mut c, "/aether/v1/drain/deleted/").await, 0, "the delete marks are cleaned up");
+}
+
+#[tokio::test]
+async fn an_endpoint_moved_to_another_cluster_leaves_no_copy_behind() {
+    let etcd = EtcdServer::start("drain-move").await.unwrap();
+    let mut c = Client::connect([etcd.endpoint()], None).await.unwrap();
+    write_legacy(&mut c, 0..100, "v0").await;
+    let mut s = settings();
+    s.quiet_period = Duration::from_secs(2);
+    let (task, mut progress, _cancel) = start_drain(&c, s);
+    tokio::time::timeout(Duration::from_secs(60), progress.wait_for(|r| r.phase == Some(DrainPhase::Draining)))
+        .await
+        .unwrap()
+        .unwrap();
+    // While the drain forwards, a legacy registrar moves endpoint 5 to another cluster.
+    let moved = r#"{"region":"dflt","clusterName":"moved","zone":"z","address":"x","version":"moved"}"#;
+    c.put(legacy_key(5), moved, None).await.unwrap();
+    let report = tokio::time::timeout(Duration::from_secs(60), task).await.unwrap().unwrap().unwrap();
+    assert_eq!(report.phase, Some(DrainPhase::Complete));
+    let new_key = EndpointKeyV0::parse(&legacy_key(5)).unwrap().to_v1("dflt", "moved").to_string();
+    assert_eq!(c.get(new_key.as_str(), None).await.unwrap().kvs()[0].value(), moved.as_bytes());
+    assert_eq!(c.get(v1_key(5), None).await.unwrap().count(), 0, "no copy stays under the old cluster");
+}

@@ -19,7 +19,7 @@
 //! registrars still on v0 are migrated and counted. The CLI stops at Complete.
 use super::lock::DrainLock;
 use super::plan::{Decision, DrainPhase, DrainRecord, DrainReport, V1State, decide, v1_key_for};
-use crate::keys::{drain_record_key, prefix_range_end};
+use crate::keys::{drain_deletes_prefix, drain_record_key, prefix_range_end};
 // Responses of large registries exceed the client's default 4 MiB decode limit.
 use crate::mirror::target::{kv, watcher};
 use anyhow::{Context, anyhow};
@@ -157,7 +157,8 @@ async fn drain_locked(
     }
 
     // 2 and 3, until a delete pass leaves nothing and the forwarding round after it sees nothing.
-    let mut own_deletes: HashSet<i64> = HashSet::new();
+    // The drain's own deletes, also those of a run before a restart, are never forwarded.
+    let mut own_deletes: HashSet<i64> = own_delete_marks(client, settings).await?.into_iter().map(|(_, r)| r).collect();
     let mut deleted_everything = false;
     loop {
         let Some(forwarded) =
@@ -166,6 +167,7 @@ async fn drain_locked(
             return Ok(record.report);
         };
         save_record(client, settings, &fence, &record).await?;
+        forget_own_deletes(client, settings, &fence, record.watermark, &mut own_deletes).await?;
         if deleted_everything && forwarded == 0 {
             if record.report.phase != Some(DrainPhase::Complete) {
                 record.report.phase = Some(DrainPhase::Complete);
@@ -259,6 +261,42 @@ async fn save_record(
     let mut kv = kv(client);
     let put = TxnOp::put(drain_record_key(&settings.legacy_prefix), record.encode(), None);
     fenced_txn(&mut kv, settings, fence, "record the drain's progress", vec![put]).await?;
+    Ok(())
+}
+
+/// The marks of the drain's own delete Txns: (key, the delete's revision).
+async fn own_delete_marks(client: &Client, settings: &DrainSettings) -> anyhow::Result<Vec<(Vec<u8>, i64)>> {
+    let mut kv = kv(client);
+    let prefix = drain_deletes_prefix(&settings.legacy_prefix);
+    let resp = rpc(
+        settings.rpc_timeout,
+        "read the drain's delete marks",
+        kv.get(prefix.as_str(), Some(GetOptions::new().with_prefix().with_keys_only())),
+    )
+    .await?;
+    Ok(resp.kvs().iter().map(|kv| (kv.key().to_vec(), kv.mod_revision())).collect())
+}
+
+/// Once the forwarder is past a delete of the drain's own, its mark is no longer needed.
+async fn forget_own_deletes(
+    client: &Client,
+    settings: &DrainSettings,
+    fence: &Fence,
+    watermark: i64,
+    own_deletes: &mut HashSet<i64>,
+) -> anyhow::Result<()> {
+    own_deletes.retain(|r| *r > watermark);
+    let done: Vec<Vec<u8>> = own_delete_marks(client, settings)
+        .await?
+        .into_iter()
+        .filter(|(_, r)| *r <= watermark)
+        .map(|(k, _)| k)
+        .collect();
+    let mut kv = kv(client);
+    for chunk in done.chunks(100) {
+        let ops = chunk.iter().map(|k| TxnOp::delete(k.clone(), None)).collect();
+        fenced_txn(&mut kv, settings, fence, "forget delete marks", ops).await?;
+    }
     Ok(())
 }
 
@@ -622,7 +660,15 @@ async fn forward_until_quiet(
                         EventType::Put => {
                             last_write = Instant::now();
                             forwarded += 1;
-                            puts.push(Legacy::from_kv(kv_));
+                            let put = Legacy::from_kv(kv_);
+                            // The endpoint moved (another cluster in its value): its copy under
+                            // the old v1 key goes, if it still holds the old value.
+                            if let Some(prev) = event.prev_kv()
+                                && Legacy::from_kv(prev).target(settings).is_some_and(|old| Some(old) != put.target(settings))
+                            {
+                                forward_delete(&mut kv, settings, fence, prev).await?;
+                            }
+                            puts.push(put);
                         }
                         // The drain's own delete: nothing to forward.
                         EventType::Delete if own_deletes.contains(&kv_.mod_revision()) => {}
@@ -704,7 +750,7 @@ async fn delete_batch(
         }
     }
     if !deletes.is_empty() {
-        let ops: Vec<TxnOp> = deletes
+        let mut ops: Vec<TxnOp> = deletes
             .iter()
             .map(|(key, mod_revision)| {
                 let guarded = Txn::new()
@@ -713,6 +759,10 @@ async fn delete_batch(
                 TxnOp::txn(guarded)
             })
             .collect();
+        // The mark's mod revision is this Txn's: it tells the forwarder, even after a restart,
+        // that these deletes are the drain's own.
+        let mark = format!("{}{:016x}", drain_deletes_prefix(&settings.legacy_prefix), rand::random::<u64>());
+        ops.push(TxnOp::put(mark, "", None));
         let resp = fenced_txn(&mut kv, &settings, &fence, "delete legacy batch", ops).await?;
         for r in resp.op_responses() {
             if let TxnOpResponse::Txn(nested) = r {
@@ -770,7 +820,8 @@ async fn delete_pass(
         }
         let (legacy, more) = legacy_page(&mut kv, settings, &end, &cursor, revision, page).await?;
         // Keys seen by the copy are not seen again: only what a delete round copies counts.
-        for batch in legacy.chunks(settings.batch_size.max(1)) {
+        // One op of each delete Txn is the drain's mark: 127 deletes at most beside it.
+        for batch in legacy.chunks(settings.batch_size.clamp(1, 127)) {
             while inflight.len() >= parallelism {
                 settle(report, inflight.next().await.expect("non-empty")?);
             }

@@ -86,7 +86,7 @@ impl Keeper {
                     if let Some(to) = results.iter().find_map(|r| r.as_ref().ok().map(|r| r.1).filter(|c| *c != 0)) {
                         match cluster.replace(to) {
                             Some(from) if from != to => {
-                                let _ = lost.send(KeeperSignal::PeerChanged { from, to }).await;
+                                let _ = lost.try_send(KeeperSignal::PeerChanged { from, to });
                             }
                             _ => {}
                         }
@@ -100,9 +100,14 @@ impl Keeper {
                             }
                             Ok(_) => {
                                 let id = ids[i];
-                                if !reported_lost.contains(&id) && !retiring.contains(&id) {
+                                // Never wait on the worker (it may be syncing): the other
+                                // leases must be renewed this round all the same. Unsent, it is
+                                // reported again next round.
+                                if !reported_lost.contains(&id)
+                                    && !retiring.contains(&id)
+                                    && lost.try_send(KeeperSignal::LeaseLost(id)).is_ok()
+                                {
                                     reported_lost.push(id);
-                                    let _ = lost.send(KeeperSignal::LeaseLost(id)).await;
                                 }
                             }
                             Err(e) => {

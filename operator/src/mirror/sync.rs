@@ -156,7 +156,10 @@ impl Worker {
         }
         drop(inflight);
 
-        // The last Txn records the complete snapshot and writes the canary.
+        // The last Txn records the complete snapshot and writes the canary. The old layout's
+        // leases hold nothing now: not recorded any more, they lapse on their own.
+        let retired = !state.retiring.is_empty();
+        state.retiring.clear();
         state.keys = counts;
         state.origin_cluster_id = origin_cluster_id;
         let synced_at = k8s_openapi::jiff::Timestamp::now().to_string();
@@ -183,9 +186,7 @@ impl Worker {
         self.shared.progressed();
         self.shared.emit(MirrorEvent::Synced { revision, keys: total_keys });
         info!(revision, keys = total_keys, "peer holds the complete snapshot; canary written");
-        if !state.retiring.is_empty() {
-            // The old layout's leases hold nothing now; they lapse on their own.
-            state.retiring.clear();
+        if retired {
             self.ensure_keeper(state, lost_tx);
         }
         Ok(None)

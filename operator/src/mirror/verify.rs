@@ -17,17 +17,31 @@ pub struct Walk {
     pub repaired_this_pass: u64,
 }
 
-/// The key range one page covers on the peer: from the cursor to just after the origin page's
-/// last key, or to the end of the subtree when the origin page was the last.
-pub fn peer_range_end(origin_page: &[Kv], origin_more: bool, subtree_end: &[u8]) -> Vec<u8> {
-    match origin_page.last() {
-        Some(last) if origin_more => {
-            let mut end = last.key.clone();
-            end.push(0);
-            end
-        }
+/// The key range one page compares: from the cursor to just after the origin page's last key (or
+/// to the subtree's end after the last origin page), cut short at the peer page's last key when
+/// the peer holds more keys in that range than one page, so both sides stay bounded. Returns the
+/// range end, and the origin keys that fall inside it.
+pub fn page_range(
+    origin_page: Vec<Kv>,
+    origin_more: bool,
+    peer_last_key: Option<&[u8]>,
+    peer_more: bool,
+    subtree_end: &[u8],
+) -> (Vec<u8>, Vec<Kv>) {
+    let after = |key: &[u8]| {
+        let mut end = key.to_vec();
+        end.push(0);
+        end
+    };
+    let mut end = match origin_page.last() {
+        Some(last) if origin_more => after(&last.key),
         _ => subtree_end.to_vec(),
+    };
+    if peer_more && let Some(last) = peer_last_key {
+        end = end.min(after(last));
     }
+    let origin = origin_page.into_iter().filter(|kv| kv.key < end).collect();
+    (end, origin)
 }
 
 /// The writes that make the peer's page equal the origin's: missing, changed or wrongly leased
@@ -48,20 +62,15 @@ pub fn repairs(
     ops
 }
 
-/// Advances the walk past a page; returns true when a pass just completed.
-pub fn advance(walk: &mut Walk, origin_page: &[Kv], origin_more: bool, repaired: usize) -> bool {
+/// Advances the walk to `end` (the page's range end); returns true when a pass just completed.
+pub fn advance(walk: &mut Walk, end: &[u8], subtree_end: &[u8], repaired: usize) -> bool {
     walk.repaired_this_pass += repaired as u64;
-    match origin_page.last() {
-        Some(last) if origin_more => {
-            let mut next = last.key.clone();
-            next.push(0);
-            walk.cursor = Some(next);
-            false
-        }
-        _ => {
-            walk.cursor = None;
-            true
-        }
+    if end >= subtree_end {
+        walk.cursor = None;
+        true
+    } else {
+        walk.cursor = Some(end.to_vec());
+        false
     }
 }
 
@@ -75,10 +84,14 @@ mod tests {
 
     #[test]
     fn a_page_range_ends_after_its_last_key_or_at_the_subtree_end() {
-        let page = vec![kv("a/1", "x", 7), kv("a/5", "x", 7)];
-        assert_eq!(peer_range_end(&page, true, b"a0"), b"a/5\0".to_vec());
-        assert_eq!(peer_range_end(&page, false, b"a0"), b"a0".to_vec());
-        assert_eq!(peer_range_end(&[], false, b"a0"), b"a0".to_vec());
+        let page = || vec![kv("a/1", "x", 7), kv("a/5", "x", 7)];
+        assert_eq!(page_range(page(), true, None, false, b"a0").0, b"a/5\0".to_vec());
+        assert_eq!(page_range(page(), false, None, false, b"a0").0, b"a0".to_vec());
+        assert_eq!(page_range(vec![], false, None, false, b"a0").0, b"a0".to_vec());
+        // The peer holds more than a page in the range: the range stops at its last key.
+        let (end, origin) = page_range(page(), false, Some(b"a/3"), true, b"a0");
+        assert_eq!(end, b"a/3\0".to_vec());
+        assert_eq!(origin.len(), 1, "only origin keys inside the range are compared");
     }
 
     #[test]
@@ -102,9 +115,9 @@ mod tests {
     #[test]
     fn the_walk_moves_page_by_page_and_wraps() {
         let mut walk = Walk::default();
-        assert!(!advance(&mut walk, &[kv("a/1", "x", 0)], true, 2));
+        assert!(!advance(&mut walk, b"a/1\0", b"a0", 2));
         assert_eq!(walk.cursor, Some(b"a/1\0".to_vec()));
-        assert!(advance(&mut walk, &[kv("a/2", "x", 0)], false, 1));
+        assert!(advance(&mut walk, b"a0", b"a0", 1));
         assert_eq!((walk.cursor, walk.repaired_this_pass), (None, 3));
     }
 }

@@ -8,11 +8,11 @@
 //! request, for longer than the stall timeout is treated as broken, never as an idle subtree.
 use super::health::{MirrorEvent, Phase, ResyncCause};
 use super::keepalive::KeeperSignal;
-use super::plan::{MirrorOp, Revision, WatchBatch, enforce_request_limit, next_watch_batch};
+use super::plan::{MirrorOp, Revision, SyncBatcher, WatchBatch, enforce_request_limit, next_watch_batch};
 use super::session::{Applied, WatchEnd};
-use super::shards::shard_of;
+use super::shards::{shard_count_fits, shard_of};
 use super::sync::{RESERVED_REQUEST_BYTES, page_kvs};
-use super::verify::{advance, peer_range_end, repairs};
+use super::verify::{advance, page_range, repairs};
 use super::worker::{State, Worker};
 use crate::keys;
 use anyhow::{Context, anyhow};
@@ -75,6 +75,9 @@ impl Worker {
 
         loop {
             let room = pending_ops < self.config.max_pending_ops && pending_bytes < self.config.max_pending_bytes;
+            if !room {
+                last_message = Instant::now();
+            }
             tokio::select! {
                 _ = self.cancel.cancelled() => return Ok(WatchEnd::Shutdown),
                 Some(signal) = lost_rx.recv() => {
@@ -88,6 +91,7 @@ impl Worker {
                         warn!(lease = lost, shard, "lease lost; its keys are gone from the peer");
                         // The sync grants its replacement and records it before moving keys.
                         state.leases[shard] = 0;
+                        settle_inflight(inflight.take()).await?;
                         return Ok(WatchEnd::Resync(ResyncCause::LeaseLost));
                     }
                 }
@@ -127,11 +131,14 @@ impl Worker {
                         h.ops += batch.ops.len() as u64;
                         h.pending_since = oldest_pending;
                     });
-                    if state.keys.iter().any(|n| *n as u64 > self.config.max_keys_per_lease) {
+                    // The same rule as the sync's, or a layout the sync keeps would be resharded again.
+                    if !shard_count_fits(state.leases.len(), total.max(0) as u64, self.config.max_keys_per_lease) {
                         return Ok(WatchEnd::Resync(ResyncCause::Reshard));
                     }
                 }
-                message = stream.message(), if room => {
+                // A fragmented response is read to its end even past the bounds: nothing can be
+                // applied before it is complete.
+                message = stream.message(), if room || fragment_open => {
                     let Some(response) = message.context("watching the origin")? else {
                         anyhow::bail!("the origin closed the watch");
                     };
@@ -139,6 +146,7 @@ impl Worker {
                     if response.canceled() {
                         if response.compact_revision() > 0 {
                             warn!(compacted = response.compact_revision(), needed = state.applied + 1, "origin compacted past the mirror's revision");
+                            settle_inflight(inflight.take()).await?;
                             return Ok(WatchEnd::Resync(ResyncCause::Compacted));
                         }
                         anyhow::bail!("the origin cancelled the watch: {}", response.cancel_reason());
@@ -204,7 +212,8 @@ impl Worker {
                 }
                 _ = verify_ticker.tick(), if verifying => verify_due = true,
                 _ = ticker.tick() => {
-                    if last_message.elapsed() > stall_after {
+                    // Not reading (the pending bounds are reached) is not a stalled watch.
+                    if room && last_message.elapsed() > stall_after {
                         anyhow::bail!(
                             "the origin's watch stalled: no event and no answer to progress requests for {:?}",
                             last_message.elapsed()
@@ -229,7 +238,8 @@ impl Worker {
             }
             // Between batches the peer holds exactly the origin's subtree at the applied revision:
             // the moment to compare a page.
-            if verify_due && inflight.is_none() && !fragment_open {
+            // Not between the parts of a split revision either: the peer then holds part of one.
+            if verify_due && inflight.is_none() && !fragment_open && split == 0 {
                 verify_due = false;
                 if let Some(by) = self.verify_page(local, peer, state, epoch).await? {
                     return Ok(WatchEnd::Fenced(by));
@@ -268,36 +278,49 @@ impl Worker {
             }
             Err(e) => return Err(e),
         };
-        let more = origin.more();
+        let origin_more = origin.more();
         let origin: Vec<_> = page_kvs(origin).collect();
-        let end = peer_range_end(&origin, more, &subtree_end);
-        let mut peer_kvs = Vec::new();
-        let mut cursor = from.clone();
-        loop {
-            let page = self.page_of(size, peer, &cursor, &end, None, &mut largest).await?;
-            let more = page.more();
-            peer_kvs.extend(page_kvs(page));
-            match peer_kvs.last() {
-                Some(last) if more => {
-                    cursor = last.key.clone();
-                    cursor.push(0);
-                }
-                _ => break,
+        let range_end = match origin.last() {
+            Some(last) if origin_more => {
+                let mut end = last.key.clone();
+                end.push(0);
+                end
             }
-        }
+            _ => subtree_end.clone(),
+        };
+        let peer_page = self.page_of(size, peer, &from, &range_end, None, &mut largest).await?;
+        let peer_more = peer_page.more();
+        let peer_kvs: Vec<_> = page_kvs(peer_page).collect();
+        let peer_last = peer_kvs.last().map(|kv| kv.key.clone());
+        let (end, origin) = page_range(origin, origin_more, peer_last.as_deref(), peer_more, &subtree_end);
         let shards = state.leases.len();
         let leases = state.leases.clone();
-        let ops = repairs(origin.clone(), peer_kvs, |k| shard_of(k, shards), |s| leases[s], &state.oversized);
+        let ops = repairs(origin, peer_kvs, |k| shard_of(k, shards), |s| leases[s], &state.oversized);
         let repaired = ops.len();
         if repaired > 0 {
             let first_key = String::from_utf8_lossy(ops[0].key()).into_owned();
             warn!(keys = repaired, first = %first_key, "the peer's copy differs from the origin; repairing");
-            if let Applied::Fenced(by) = self.apply(peer, epoch, ops, &leases, Vec::new()).await? {
-                return Ok(Some(by));
+            // Through the same limits as every other write: Txn size, and values too large.
+            let mut batcher = SyncBatcher::new(self.limits(state));
+            let mut batches = Vec::new();
+            let mut too_large = Vec::new();
+            for op in ops {
+                let (op, oversized) = enforce_request_limit(op, self.config.max_request_bytes, RESERVED_REQUEST_BYTES);
+                too_large.extend(oversized);
+                batches.extend(batcher.push(op));
+            }
+            batches.extend(batcher.take());
+            if !too_large.is_empty() {
+                self.report_oversized(state, too_large, Vec::new());
+            }
+            for batch in batches {
+                if let Applied::Fenced(by) = self.apply(peer, epoch, batch, &leases, Vec::new()).await? {
+                    return Ok(Some(by));
+                }
             }
             self.shared.emit(MirrorEvent::DriftRepaired { keys: repaired, first_key });
         }
-        let pass_done = advance(&mut state.walk, &origin, more, repaired);
+        let pass_done = advance(&mut state.walk, &end, &subtree_end, repaired);
         let drift_in_pass = state.walk.repaired_this_pass > 0;
         self.shared.update(|h| {
             h.drift_repaired_keys += repaired as u64;
@@ -320,4 +343,13 @@ impl Worker {
         let apply = self.apply(peer, epoch, batch.ops.clone(), &state.leases, bookkeeping);
         Box::pin(async move { apply.await.map(|applied| (applied, batch)) })
     }
+}
+
+/// Waits for a batch Txn that was sent before a resync: it may still commit, and under this
+/// session's epoch nothing would fence it against the sync's writes.
+async fn settle_inflight(inflight: Option<BatchFuture>) -> anyhow::Result<()> {
+    if let Some(batch) = inflight {
+        batch.await?;
+    }
+    Ok(())
 }
