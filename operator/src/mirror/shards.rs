@@ -19,6 +19,19 @@ pub fn shard_count_fits(current: usize, keys: u64, max_keys_per_lease: u64) -> b
 }
 
 /// The shard of a key: FNV-1a, stable across processes and versions.
+/// Whether a shard holds more keys than the cap: the watch's trigger for a reshard.
+pub fn overfull(keys_per_shard: &[i64], max_keys_per_lease: u64) -> bool {
+    keys_per_shard.iter().any(|n| *n > 0 && *n as u64 > max_keys_per_lease)
+}
+
+/// Whether a sync must lay the leases out anew: none yet, a shard past the cap (the watch's
+/// trigger, so the two never disagree and loop), or a shard count far from what the keys need.
+pub fn needs_reshard(current: usize, keys_per_shard: &[i64], total_keys: u64, max_keys_per_lease: u64) -> bool {
+    current == 0
+        || overfull(keys_per_shard, max_keys_per_lease)
+        || !shard_count_fits(current, total_keys, max_keys_per_lease)
+}
+
 pub fn shard_of(key: &[u8], shards: usize) -> usize {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for byte in key {
@@ -62,6 +75,16 @@ mod tests {
             let max = counts.iter().max().copied().unwrap_or(0);
             assert!(max <= cap, "{keys} keys over {shards} shards: a shard holds {max} > {cap}");
         }
+    }
+
+    #[test]
+    fn the_watch_trigger_and_the_sync_rule_agree() {
+        // An overfull shard makes the watch ask for a reshard, and the sync then reshards.
+        assert!(overfull(&[1001, 10], 1000));
+        assert!(needs_reshard(2, &[1001, 10], 1011, 1000));
+        // Growing past half the capacity alone does not reshard in the watch.
+        assert!(!overfull(&[600, 600], 1000));
+        assert!(needs_reshard(0, &[], 0, 1000));
     }
 
     #[test]

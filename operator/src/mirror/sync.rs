@@ -10,7 +10,7 @@ use super::health::{MirrorEvent, Phase, ResyncCause};
 use super::keepalive::KeeperSignal;
 use super::plan::{Kv, SyncBatcher, enforce_request_limit, merge_step, next_page_limit};
 use super::session::Applied;
-use super::shards::{shard_count, shard_count_fits, shard_of};
+use super::shards::{needs_reshard, shard_count, shard_of};
 use super::target::kv;
 use super::worker::{State, Worker};
 use crate::keys;
@@ -58,7 +58,7 @@ impl Worker {
 
         // Lease layout: keep the current one while it fits, else reshard.
         let max_per_lease = self.config.max_keys_per_lease;
-        if state.leases.is_empty() || !shard_count_fits(state.leases.len(), total, max_per_lease) {
+        if needs_reshard(state.leases.len(), &state.keys, total, max_per_lease) {
             let shards = shard_count(total, max_per_lease);
             if !state.leases.is_empty() {
                 info!(from = state.leases.len(), to = shards, keys = total, "resharding leases");

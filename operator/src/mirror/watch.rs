@@ -10,7 +10,7 @@ use super::health::{MirrorEvent, Phase, ResyncCause};
 use super::keepalive::KeeperSignal;
 use super::plan::{MirrorOp, Revision, SyncBatcher, WatchBatch, enforce_request_limit, next_watch_batch};
 use super::session::{Applied, WatchEnd};
-use super::shards::{shard_count_fits, shard_of};
+use super::shards::{overfull, shard_of};
 use super::sync::{RESERVED_REQUEST_BYTES, page_kvs};
 use super::verify::{advance, page_range, repairs};
 use super::worker::{State, Worker};
@@ -131,8 +131,8 @@ impl Worker {
                         h.ops += batch.ops.len() as u64;
                         h.pending_since = oldest_pending;
                     });
-                    // The same rule as the sync's, or a layout the sync keeps would be resharded again.
-                    if !shard_count_fits(state.leases.len(), total.max(0) as u64, self.config.max_keys_per_lease) {
+                    // A shard past the cap: the sync reshards on the same counts (see `needs_reshard`).
+                    if overfull(&state.keys, self.config.max_keys_per_lease) {
                         return Ok(WatchEnd::Resync(ResyncCause::Reshard));
                     }
                 }
