@@ -637,7 +637,8 @@ async fn bench_drain(table: &mut Table) -> anyhow::Result<()> {
         .await
         .into_iter()
         .collect::<Result<Vec<_>, _>>()?;
-    let mut settings = aether_operator::drain::DrainSettings::new("dflt", "dflt");
+    // The values name region a: the drain of region a (a drain writes only its own region).
+    let mut settings = aether_operator::drain::DrainSettings::new("a", "dflt");
     settings.quiet_period = Duration::ZERO;
     let (tx, _rx) = tokio::sync::watch::channel(Default::default());
     let start = Instant::now();
