@@ -1,11 +1,14 @@
 //! The mirror against real etcd servers: sync, watch, pruning, compaction, lease expiry, handoff,
 //! fencing, faults, least privilege, and a randomized run. `AETHER_ETCD=3.4` runs it on 3.4.
+mod support;
+
 use aether_harness::{EtcdServer, wait_until};
 use aether_operator::keys;
 use aether_operator::mirror::{self, EtcdTarget, MirrorConfig, MirrorEvent, MirrorHandle, Phase};
 use etcd_client::{Client, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
+use support::etcd::{endpoint_key, endpoint_value, subtree, values, write_keys};
 use tokio::sync::mpsc;
 
 const DEADLINE: Duration = Duration::from_secs(60);
@@ -46,48 +49,6 @@ fn start(config: MirrorConfig, pair: &Pair) -> (MirrorHandle, mpsc::Receiver<Mir
         tx,
     );
     (handle, rx)
-}
-
-fn endpoint_key(region: &str, i: usize) -> String {
-    format!(
-        "{}clusters/c{}/services/svc{}/protocols/tcp/endpoints/10.0.{}.{}",
-        keys::region_prefix(region),
-        i % 3,
-        i % 50,
-        i / 250,
-        i % 250
-    )
-}
-
-fn endpoint_value(region: &str, i: usize, version: &str) -> String {
-    format!(
-        r#"{{"clusterName":"c{}","region":"{region}","zone":"z1","address":"10.0.{}.{}","port":8080,"version":"{version}"}}"#,
-        i % 3,
-        i / 250,
-        i % 250
-    )
-}
-
-/// key -> (value, lease) under a prefix.
-async fn subtree(c: &mut Client, prefix: &str) -> BTreeMap<Vec<u8>, (Vec<u8>, i64)> {
-    let resp = c.get(prefix, Some(GetOptions::new().with_prefix())).await.expect("range");
-    resp.kvs().iter().map(|kv| (kv.key().to_vec(), (kv.value().to_vec(), kv.lease()))).collect()
-}
-
-/// key -> value under a prefix.
-async fn values(c: &mut Client, prefix: &str) -> BTreeMap<Vec<u8>, Vec<u8>> {
-    subtree(c, prefix).await.into_iter().map(|(k, (v, _))| (k, v)).collect()
-}
-
-async fn write_keys(c: &mut Client, region: &str, range: std::ops::Range<usize>, version: &str) {
-    let keys: Vec<usize> = range.collect();
-    for chunk in keys.chunks(100) {
-        let ops: Vec<TxnOp> = chunk
-            .iter()
-            .map(|i| TxnOp::put(endpoint_key(region, *i), endpoint_value(region, *i, version), None))
-            .collect();
-        c.txn(Txn::new().and_then(ops)).await.expect("origin txn");
-    }
 }
 
 /// Waits until the peer's copy of the origin's subtree equals the origin's.

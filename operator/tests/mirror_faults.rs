@@ -282,17 +282,32 @@ async fn a_least_privilege_user_over_mtls_mirrors_into_a_three_member_peer() {
     handle.shutdown().await;
 }
 
-#[tokio::test]
-async fn a_blackhole_shorter_than_the_ttl_loses_nothing() {
+/// An origin with 300 keys mirrored into a peer 50 ms away through a fault proxy, synced.
+struct Behind {
+    origin: EtcdServer,
+    peer: EtcdServer,
+    proxy: FaultProxy,
+    o: Client,
+    cfg: MirrorConfig,
+    handle: MirrorHandle,
+}
+
+async fn synced_behind_a_proxy() -> Behind {
     let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("b")).unwrap();
     let proxy = FaultProxy::start(peer.client_addr()).await.unwrap();
     proxy.set_rtt(Duration::from_millis(50));
     let mut o = connect(&[origin.endpoint()], None).await;
     write_keys(&mut o, "a", 0..300, "v1").await;
     let cfg = config("w1");
-    let (handle, _e) =
+    let (handle, _events) =
         start(cfg.clone(), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([proxy.endpoint("http")]));
     wait_synced(&handle).await;
+    Behind { origin, peer, proxy, o, cfg, handle }
+}
+
+#[tokio::test]
+async fn a_blackhole_shorter_than_the_ttl_loses_nothing() {
+    let Behind { origin: _origin, peer, proxy, mut o, cfg, handle } = synced_behind_a_proxy().await;
     let p = connect(&[peer.endpoint()], None).await;
     let deletes = count_peer_deletes(&p, "a").await;
 
@@ -307,15 +322,7 @@ async fn a_blackhole_shorter_than_the_ttl_loses_nothing() {
 
 #[tokio::test]
 async fn a_blackhole_longer_than_twice_the_ttl_lapses_the_mirror_and_it_recovers() {
-    let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("b")).unwrap();
-    let proxy = FaultProxy::start(peer.client_addr()).await.unwrap();
-    proxy.set_rtt(Duration::from_millis(50));
-    let mut o = connect(&[origin.endpoint()], None).await;
-    write_keys(&mut o, "a", 0..300, "v1").await;
-    let cfg = config("w1");
-    let (handle, _e) =
-        start(cfg.clone(), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([proxy.endpoint("http")]));
-    wait_synced(&handle).await;
+    let Behind { origin: _origin, peer, proxy, mut o, cfg: _, handle } = synced_behind_a_proxy().await;
     let mut p = connect(&[peer.endpoint()], None).await;
 
     proxy.set_blackhole(true);

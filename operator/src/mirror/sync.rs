@@ -100,7 +100,16 @@ impl Worker {
 
         loop {
             if origin_buf.is_empty() && !origin_done {
-                let page = self.page(local, &origin_cursor, &range_end, Some(revision), &mut origin_largest).await?;
+                let page = self
+                    .page_of(
+                        self.config.page_size,
+                        local,
+                        &origin_cursor,
+                        &range_end,
+                        Some(revision),
+                        &mut origin_largest,
+                    )
+                    .await?;
                 origin_done = !page.more();
                 for kv in page.kvs() {
                     counts[shard_of(kv.key(), shards)] += 1;
@@ -111,7 +120,9 @@ impl Worker {
                 }
             }
             if peer_buf.is_empty() && !peer_done {
-                let page = self.page(peer, &peer_cursor, &range_end, None, &mut peer_largest).await?;
+                let page = self
+                    .page_of(self.config.page_size, peer, &peer_cursor, &range_end, None, &mut peer_largest)
+                    .await?;
                 peer_done = !page.more();
                 peer_buf.extend(page_kvs(page));
                 if let Some(last) = peer_buf.back() {
@@ -192,20 +203,9 @@ impl Worker {
         Ok(None)
     }
 
-    /// One range page from `from`, sized by the largest key-value seen so far. A response the
-    /// client cannot decode is asked for again with a tenth of the keys.
-    pub(super) async fn page(
-        &self,
-        client: &Client,
-        from: &[u8],
-        range_end: &[u8],
-        revision: Option<i64>,
-        largest: &mut usize,
-    ) -> anyhow::Result<GetResponse> {
-        self.page_of(self.config.page_size, client, from, range_end, revision, largest).await
-    }
-
-    /// [`Self::page`] with another page size.
+    /// One range page of at most `page_size` keys from `from`, fewer when the largest key-value
+    /// seen so far is large. A response the client cannot decode is asked for again with a tenth
+    /// of the keys.
     pub(super) async fn page_of(
         &self,
         page_size: i64,
