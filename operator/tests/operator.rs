@@ -684,3 +684,67 @@ async fn a_leader_cut_off_from_the_api_server_stops_its_workers_before_a_standby
     wait_until("it leads again", WAIT, || async { Ok(leader_gauge(port).await == Some(1.0)) }).await.unwrap();
     wait_until("the mirror is back", WAIT, || async { Ok(mirrored(&b, "a").await == 10) }).await.unwrap();
 }
+
+#[tokio::test]
+async fn deleting_a_registry_schema_mid_drain_stops_it_and_releases_the_prefix() {
+    let (apiserver, etcd) =
+        tokio::try_join!(KubeApiserver::start("schema-del"), EtcdServer::start("schema-del-etcd")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let client = prepare(&apiserver).await;
+    let mut c = Client::connect([etcd.endpoint()], None).await.unwrap();
+    let ops: Vec<TxnOp> = (0..2000)
+        .map(|i| {
+            TxnOp::put(
+                format!("/aether/services/s{}/protocols/tcp/endpoints/10.3.{}.{}", i % 7, i / 200, i % 200),
+                r#"{"clusterName":"c7"}"#,
+                None,
+            )
+        })
+        .collect();
+    for chunk in ops.chunks(100) {
+        c.txn(Txn::new().and_then(chunk.to_vec())).await.unwrap();
+    }
+    let _operator = start_operator(&apiserver, dir.path(), "operator-0", free_port());
+    // Slow on purpose (100 keys a second), so that it is deleted mid-copy.
+    let schema = json!({
+        "apiVersion": "federation.aether.dev/v1alpha1",
+        "kind": "RegistrySchema",
+        "metadata": {"name": "registry", "namespace": NS},
+        "spec": {"etcd": {"endpoints": [etcd.endpoint()]}, "region": "eu", "cluster": "dflt",
+                 "drain": {"quietPeriodSeconds": 1, "rateLimitPerSecond": 100}},
+    });
+    create_json(&client, NS, schema).await.unwrap();
+    let api: Api<RegistrySchema> = Api::namespaced(client.clone(), NS);
+    wait_until("the drain copies", WAIT, || {
+        let api = api.clone();
+        async move { Ok(api.get("registry").await?.status.is_some_and(|s| s.counts.copied > 0)) }
+    })
+    .await
+    .unwrap();
+    let lock = keys::drain_lock_key("/aether/services/");
+    assert_eq!(c.get(lock.as_str(), None).await.unwrap().count(), 1, "the running drain holds the prefix");
+
+    api.delete("registry", &DeleteParams::default()).await.unwrap();
+    wait_until("the RegistrySchema is gone", WAIT, || {
+        let api = api.clone();
+        async move { Ok(api.get_opt("registry").await?.is_none()) }
+    })
+    .await
+    .unwrap();
+    // Stopped at a safe point: the prefix is free at once (not after the lock's lease), and
+    // nothing is written any more.
+    assert_eq!(c.get(lock.as_str(), None).await.unwrap().count(), 0, "the prefix's lock is released");
+    let v1 = || async {
+        let mut c = Client::connect([etcd.endpoint()], None).await.unwrap();
+        c.get(keys::cluster_prefix("eu", "c7"), Some(GetOptions::new().with_prefix().with_count_only()))
+            .await
+            .unwrap()
+            .count()
+    };
+    let copied = v1().await;
+    assert!(copied < 2000, "deleted mid-copy: {copied} of 2000 copied");
+    tokio::time::sleep(Duration::from_secs(3)).await; // a window in which a running drain would copy 300 more
+    assert_eq!(v1().await, copied, "the drain stopped");
+    let record = c.get(keys::drain_record_key("/aether/services/"), None).await.unwrap();
+    assert_eq!(record.count(), 1, "its progress is recorded for a later RegistrySchema to resume from");
+}
