@@ -90,6 +90,7 @@ impl Context {
             }
         }
         self.announced.lock().expect("lock").clear();
+        self.metrics.forget_inbound();
     }
 
     async fn stop_worker(&self, object: &str, peer: &str, running: Running) {
@@ -167,14 +168,17 @@ fn object_key(rp: &RegionPeering) -> String {
 async fn reconcile(rp: Arc<RegionPeering>, ctx: Arc<Context>) -> Result<Action, Error> {
     use kube::runtime::finalizer::{Event, finalizer};
     let api: Api<RegionPeering> = Api::namespaced(ctx.client.clone(), &rp.namespace().unwrap_or_default());
-    finalizer(&api, FINALIZER, rp, |event| async {
+    let started = Instant::now();
+    let result = finalizer(&api, FINALIZER, rp, |event| async {
         match event {
             Event::Apply(rp) => apply(rp, ctx.clone()).await,
             Event::Cleanup(rp) => cleanup(rp, ctx.clone()).await,
         }
     })
     .await
-    .map_err(|e| Error::Finalizer(Box::new(e)))
+    .map_err(|e| Error::Finalizer(Box::new(e)));
+    ctx.metrics.reconciled("regionpeering", started.elapsed(), result.is_ok());
+    result
 }
 
 /// The object was deleted: stop its workers, then retire its mirror from every peer as

@@ -120,14 +120,17 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>, stop: Cancellatio
 async fn reconcile(rs: Arc<RegistrySchema>, ctx: Arc<Context>) -> Result<Action, Error> {
     use kube::runtime::finalizer::{Event, finalizer};
     let api: Api<RegistrySchema> = Api::namespaced(ctx.client.clone(), &rs.namespace().unwrap_or_default());
-    finalizer(&api, FINALIZER, rs, |event| async {
+    let started = std::time::Instant::now();
+    let result = finalizer(&api, FINALIZER, rs, |event| async {
         match event {
             Event::Apply(rs) => apply(rs, ctx.clone()).await,
             Event::Cleanup(rs) => cleanup(rs, ctx.clone()).await,
         }
     })
     .await
-    .map_err(|e| Error::Finalizer(Box::new(e)))
+    .map_err(|e| Error::Finalizer(Box::new(e)));
+    ctx.metrics.reconciled("registryschema", started.elapsed(), result.is_ok());
+    result
 }
 
 /// The object was deleted: stop its drain between two steps (every step is recorded, so a
@@ -188,8 +191,6 @@ async fn apply(rs: Arc<RegistrySchema>, ctx: Arc<Context>) -> Result<Action, Err
         let cancel = CancellationToken::new();
         let error = Arc::new(Mutex::new(None));
         let (cancel2, error2, etcd) = (cancel.clone(), error.clone(), target.target.clone());
-        let region = spec.region.clone();
-        let metrics = ctx.metrics.clone();
         let task = tokio::spawn(async move {
             let mut backoff = crate::mirror::backoff::Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
             while !cancel2.is_cancelled() {
@@ -198,18 +199,7 @@ async fn apply(rs: Arc<RegistrySchema>, ctx: Arc<Context>) -> Result<Action, Err
                     Err(e) => Err(anyhow::anyhow!(e).context("connecting to the registry etcd")),
                 };
                 match result {
-                    Ok(report) => {
-                        for (outcome, n) in [
-                            ("copied", report.copied),
-                            ("already_present", report.already_present),
-                            ("skipped", report.skipped),
-                            ("deleted", report.deleted),
-                        ] {
-                            metrics
-                                .drain_keys
-                                .get_or_create(&DrainLabels { region: region.clone(), outcome: outcome.into() })
-                                .set(n);
-                        }
+                    Ok(_) => {
                         *error2.lock().expect("lock") = None;
                         return;
                     }
@@ -239,6 +229,16 @@ async fn apply(rs: Arc<RegistrySchema>, ctx: Arc<Context>) -> Result<Action, Err
         let error = d.error.lock().expect("lock").clone();
         (report, error)
     };
+    // The drain's counters are cumulative (kept in its record), published as they grow.
+    for (outcome, n) in [
+        ("copied", report.copied),
+        ("already_present", report.already_present),
+        ("skipped", report.skipped),
+        ("foreign", report.foreign),
+        ("deleted", report.deleted),
+    ] {
+        ctx.metrics.advance_drain(DrainLabels { region: spec.region.clone(), outcome: outcome.into() }, n);
+    }
     let status = status_from(&previous, rs.metadata.generation, &report, error.as_deref());
     patch(&api, &rs.name_any(), &previous, status).await?;
     Ok(Action::requeue(ctx.settings.refresh_interval.min(Duration::from_secs(2))))
