@@ -33,6 +33,22 @@ fn start(config: MirrorConfig, local: EtcdTarget, peer: EtcdTarget) -> (MirrorHa
     (mirror::spawn(config, local, peer, tx), rx)
 }
 
+/// A worker mirroring `origin` into `peer`, both single servers, plain.
+fn start_between(
+    config: MirrorConfig,
+    origin: &EtcdServer,
+    peer: &EtcdServer,
+) -> (MirrorHandle, mpsc::Receiver<MirrorEvent>) {
+    start(config, EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([peer.endpoint()]))
+}
+
+/// Puts a value of about a mebibyte under each endpoint key in `range`, one revision each.
+async fn put_mebibytes(o: &mut Client, range: std::ops::Range<usize>, version: &str) {
+    for i in range {
+        o.put(endpoint_key("a", i), large_value("a", i, version, 1 << 20), None).await.unwrap();
+    }
+}
+
 async fn wait_health(handle: &MirrorHandle, what: &str, f: impl Fn(&mirror::PeerHealth) -> bool) {
     let mut rx = handle.subscribe();
     tokio::time::timeout(DEADLINE, rx.wait_for(|h| f(h)))
@@ -179,19 +195,14 @@ async fn mebibyte_values_sync_overwrite_and_resume_behind_several() {
     .unwrap();
     let mut o = connect(&[origin.endpoint()], None).await;
     const MIB: usize = 1 << 20;
-    for i in 0..12 {
-        o.put(endpoint_key("a", i), large_value("a", i, "v1", MIB), None).await.unwrap();
-    }
+    put_mebibytes(&mut o, 0..12, "v1").await;
     write_keys(&mut o, "a", 100..400, "small").await;
-    let (handle, _e) =
-        start(config("w1"), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([peer.endpoint()]));
+    let (handle, _e) = start_between(config("w1"), &origin, &peer);
     let p = connect(&[peer.endpoint()], None).await;
     converged(&o, &p, "a", DEADLINE).await;
 
     // Overwrites through the watch, one revision of three of them together.
-    for i in 0..6 {
-        o.put(endpoint_key("a", i), large_value("a", i, "v2", MIB), None).await.unwrap();
-    }
+    put_mebibytes(&mut o, 0..6, "v2").await;
     let ops: Vec<TxnOp> =
         (6..9).map(|i| TxnOp::put(endpoint_key("a", i), large_value("a", i, "v2", MIB), None)).collect();
     o.txn(Txn::new().and_then(ops)).await.unwrap();
@@ -199,11 +210,8 @@ async fn mebibyte_values_sync_overwrite_and_resume_behind_several() {
 
     // The worker stops; the origin moves on by several mebibytes; a successor resumes behind them.
     handle.shutdown().await;
-    for i in 0..12 {
-        o.put(endpoint_key("a", i), large_value("a", i, "v3", MIB), None).await.unwrap();
-    }
-    let (handle, _e) =
-        start(config("w2"), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([peer.endpoint()]));
+    put_mebibytes(&mut o, 0..12, "v3").await;
+    let (handle, _e) = start_between(config("w2"), &origin, &peer);
     converged(&o, &p, "a", DEADLINE).await;
     let h = handle.health();
     assert_eq!(h.last_error, None, "no error on the way: {h:?}");
@@ -221,8 +229,7 @@ async fn a_value_larger_than_the_peer_accepts_is_reported_and_the_rest_flows() {
     write_keys(&mut o, "a", 0..100, "v1").await;
     let too_big = endpoint_key("a", 7);
     o.put(too_big.as_str(), large_value("a", 7, "huge", 2 << 20), None).await.unwrap();
-    let (handle, mut events) =
-        start(config("w1"), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([peer.endpoint()]));
+    let (handle, mut events) = start_between(config("w1"), &origin, &peer);
     wait_health(&handle, "the oversized value is reported", |h| h.oversized.iter().any(|(k, _)| k == &too_big)).await;
     // Everything else arrives, and keeps arriving.
     write_keys(&mut o, "a", 100..150, "v2").await;
@@ -348,8 +355,7 @@ async fn a_peer_restored_from_a_backup_is_repaired() {
         tokio::try_join!(EtcdServer::start("a"), EtcdServer::start_with("b", EtcdFlavor::Default, &[])).unwrap();
     let mut o = connect(&[origin.endpoint()], None).await;
     write_keys(&mut o, "a", 0..300, "v1").await;
-    let (handle, _e) =
-        start(config("w1"), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([peer.endpoint()]));
+    let (handle, _e) = start_between(config("w1"), &origin, &peer);
     wait_synced(&handle).await;
     let dir = tempfile::tempdir().unwrap();
     let backup = dir.path().join("peer.db");
@@ -374,8 +380,7 @@ async fn an_origin_restored_from_a_backup_is_mirrored_as_restored() {
         tokio::try_join!(EtcdServer::start_with("a", EtcdFlavor::Default, &[]), EtcdServer::start("b")).unwrap();
     let mut o = connect(&[origin.endpoint()], None).await;
     write_keys(&mut o, "a", 0..300, "v1").await;
-    let (handle, _e) =
-        start(config("w1"), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([peer.endpoint()]));
+    let (handle, _e) = start_between(config("w1"), &origin, &peer);
     wait_synced(&handle).await;
     let dir = tempfile::tempdir().unwrap();
     let backup = dir.path().join("origin.db");
@@ -403,8 +408,7 @@ async fn a_full_peer_backs_off_instead_of_spinning_and_recovers_after_disarm() {
     .unwrap();
     let mut o = connect(&[origin.endpoint()], None).await;
     write_keys(&mut o, "a", 0..100, "v1").await;
-    let (handle, _e) =
-        start(config("w1"), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([peer.endpoint()]));
+    let (handle, _e) = start_between(config("w1"), &origin, &peer);
     wait_synced(&handle).await;
 
     // Someone fills the peer until its quota alarm goes off.
@@ -556,8 +560,7 @@ async fn the_canary_says_resyncing_while_a_resync_runs() {
     let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("b")).unwrap();
     let mut o = connect(&[origin.endpoint()], None).await;
     write_keys(&mut o, "a", 0..100, "v1").await;
-    let (handle, mut events) =
-        start(config("w1"), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([peer.endpoint()]));
+    let (handle, mut events) = start_between(config("w1"), &origin, &peer);
     wait_synced(&handle).await;
     let mut p = connect(&[peer.endpoint()], None).await;
     let canary = |mut p: Client| async move {
