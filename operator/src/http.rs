@@ -1,33 +1,301 @@
-//! /metrics (Prometheus text), /healthz and /readyz.
+//! /metrics (Prometheus text), /healthz and /readyz on one listener. Open (plain HTTP), or secure:
+//! HTTPS, with /metrics served only to bearer tokens the API server authenticates (TokenReview)
+//! and authorizes for `get` on the non-resource URL /metrics (SubjectAccessReview), the way
+//! kubebuilder operators serve it. The probes stay open for the kubelet.
 use crate::metrics::Metrics;
 use axum::Router;
-use axum::http::header;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use std::sync::Arc;
+use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+use k8s_openapi::api::authorization::v1::{NonResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
+use kube::api::{Api, PostParams};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
+use tracing::{debug, warn};
 
+/// Who may read /metrics.
+pub enum MetricsAccess {
+    Open,
+    Secure { identity: ServerIdentity, client: kube::Client },
+}
+
+/// The certificate chain and key the secure endpoint presents.
+pub struct ServerIdentity {
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+}
+
+impl ServerIdentity {
+    /// tls.crt and tls.key from a directory (a mounted kubernetes.io/tls Secret).
+    pub fn from_dir(dir: &Path) -> anyhow::Result<Self> {
+        let (crt, key) = (dir.join("tls.crt"), dir.join("tls.key"));
+        let chain = CertificateDer::pem_file_iter(&crt)
+            .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| anyhow::anyhow!("reading the metrics certificate {}: {e}", crt.display()))?;
+        anyhow::ensure!(!chain.is_empty(), "{} holds no certificate", crt.display());
+        let key = PrivateKeyDer::from_pem_file(&key)
+            .map_err(|e| anyhow::anyhow!("reading the metrics key {}: {e}", key.display()))?;
+        Ok(ServerIdentity { chain, key })
+    }
+
+    /// A self-signed certificate for this pod (scrapers skip verification or pin nothing).
+    pub fn self_signed() -> anyhow::Result<Self> {
+        let host = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
+        let names: Vec<String> = ["localhost".to_string(), host].into_iter().filter(|n| !n.is_empty()).collect();
+        let generated = rcgen::generate_simple_self_signed(names)?;
+        Ok(ServerIdentity {
+            chain: vec![generated.cert.der().clone()],
+            key: PrivateKeyDer::try_from(generated.signing_key.serialize_der())
+                .map_err(|e| anyhow::anyhow!("the generated key: {e}"))?,
+        })
+    }
+
+    fn acceptor(self) -> anyhow::Result<TlsAcceptor> {
+        let config = tokio_rustls::rustls::ServerConfig::builder_with_provider(Arc::new(
+            tokio_rustls::rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(self.chain, self.key)?;
+        Ok(TlsAcceptor::from(Arc::new(config)))
+    }
+}
+
+/// The outcome of checking a scraper's token.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Decision {
+    Allowed,
+    Unauthenticated,
+    Forbidden(String),
+}
+
+/// Asks the API server who a token is and whether it may read /metrics; answers are kept for a
+/// few seconds so a scrape costs no API call most of the time.
+struct Authorizer {
+    client: kube::Client,
+    cache: Mutex<HashMap<String, (Instant, Decision)>>,
+}
+
+const DECISION_TTL: Duration = Duration::from_secs(10);
+const DECISION_CACHE_ENTRIES: usize = 1024;
+
+impl Authorizer {
+    async fn decide(&self, token: &str) -> Result<Decision, kube::Error> {
+        if let Some((at, decision)) = self.cache.lock().expect("not poisoned").get(token)
+            && at.elapsed() < DECISION_TTL
+        {
+            return Ok(decision.clone());
+        }
+        let decision = self.ask(token).await?;
+        let mut cache = self.cache.lock().expect("not poisoned");
+        if cache.len() >= DECISION_CACHE_ENTRIES {
+            cache.clear();
+        }
+        cache.insert(token.to_string(), (Instant::now(), decision.clone()));
+        Ok(decision)
+    }
+
+    async fn ask(&self, token: &str) -> Result<Decision, kube::Error> {
+        let review = TokenReview {
+            spec: TokenReviewSpec { token: Some(token.to_string()), ..Default::default() },
+            ..Default::default()
+        };
+        let reviewed = Api::<TokenReview>::all(self.client.clone()).create(&PostParams::default(), &review).await?;
+        let Some(status) = reviewed.status.filter(|s| s.authenticated == Some(true)) else {
+            return Ok(Decision::Unauthenticated);
+        };
+        let user = status.user.unwrap_or_default();
+        let access = SubjectAccessReview {
+            spec: SubjectAccessReviewSpec {
+                user: user.username.clone(),
+                uid: user.uid,
+                groups: user.groups,
+                extra: user.extra,
+                non_resource_attributes: Some(NonResourceAttributes {
+                    path: Some("/metrics".into()),
+                    verb: Some("get".into()),
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let reviewed =
+            Api::<SubjectAccessReview>::all(self.client.clone()).create(&PostParams::default(), &access).await?;
+        let allowed = reviewed.status.as_ref().is_some_and(|s| s.allowed);
+        Ok(if allowed {
+            Decision::Allowed
+        } else {
+            Decision::Forbidden(format!(
+                "{} may not get /metrics (bind it to the metrics reader ClusterRole)",
+                user.username.unwrap_or_default()
+            ))
+        })
+    }
+}
+
+#[derive(Clone)]
+struct AppState {
+    metrics: Arc<Metrics>,
+    authorizer: Option<Arc<Authorizer>>,
+}
+
+fn bearer_token(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    (scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty()).then(|| token.trim())
+}
+
+async fn metrics_handler(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    if let Some(authorizer) = &state.authorizer {
+        let Some(token) = bearer_token(&headers) else {
+            return (StatusCode::UNAUTHORIZED, "a bearer token is required\n").into_response();
+        };
+        match authorizer.decide(token).await {
+            Ok(Decision::Allowed) => {}
+            Ok(Decision::Unauthenticated) => {
+                return (StatusCode::UNAUTHORIZED, "the token is not valid\n").into_response();
+            }
+            Ok(Decision::Forbidden(why)) => {
+                debug!(%why, "metrics scrape refused");
+                return (StatusCode::FORBIDDEN, format!("{why}\n")).into_response();
+            }
+            Err(e) => {
+                warn!(error = %e, "cannot review a metrics scraper's token");
+                return (StatusCode::SERVICE_UNAVAILABLE, "cannot reach the API server to check the token\n")
+                    .into_response();
+            }
+        }
+    }
+    (
+        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        state.metrics.encode(),
+    )
+        .into_response()
+}
+
+/// Serves until `shutdown`; the listener is bound before this returns.
 pub async fn serve(
     addr: &str,
+    access: MetricsAccess,
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let (tls, authorizer) = match access {
+        MetricsAccess::Open => (None, None),
+        MetricsAccess::Secure { identity, client } => (
+            Some(identity.acceptor()?),
+            Some(Arc::new(Authorizer { client, cache: Mutex::new(HashMap::new()) })),
+        ),
+    };
     let app = Router::new()
-        .route(
-            "/metrics",
-            get(move || {
-                let metrics = metrics.clone();
-                async move {
-                    (
-                        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
-                        metrics.encode(),
-                    )
-                }
-            }),
-        )
+        .route("/metrics", get(metrics_handler))
         .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(|| async { "ok" }));
-    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("binding {addr}: {e}"))?;
-    Ok(tokio::spawn(async move {
-        let _ = axum::serve(listener, app).with_graceful_shutdown(async move { shutdown.cancelled().await }).await;
-    }))
+        .route("/readyz", get(|| async { "ok" }))
+        .with_state(AppState { metrics, authorizer });
+    let listener = TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("binding {addr}: {e}"))?;
+    let stopped = async move { shutdown.cancelled().await };
+    Ok(match tls {
+        None => tokio::spawn(async move {
+            let _ = axum::serve(listener, app).with_graceful_shutdown(stopped).await;
+        }),
+        Some(acceptor) => {
+            let listener = TlsListener::start(listener, acceptor)?;
+            tokio::spawn(async move {
+                let _ = axum::serve(listener, app).with_graceful_shutdown(stopped).await;
+            })
+        }
+    })
+}
+
+/// Connections whose TLS handshake completed. Handshakes run in their own tasks (with a
+/// deadline), so a slow or silent client never holds up the others.
+struct TlsListener {
+    ready: tokio::sync::mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+    local: SocketAddr,
+    accepting: tokio::task::JoinHandle<()>,
+}
+
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl TlsListener {
+    fn start(listener: TcpListener, acceptor: TlsAcceptor) -> anyhow::Result<Self> {
+        let local = listener.local_addr()?;
+        let (tx, ready) = tokio::sync::mpsc::channel(64);
+        let accepting = tokio::spawn(async move {
+            loop {
+                let (stream, peer) = match listener.accept().await {
+                    Ok(accepted) => accepted,
+                    Err(e) => {
+                        debug!(error = %e, "accepting a metrics connection");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let (acceptor, tx) = (acceptor.clone(), tx.clone());
+                tokio::spawn(async move {
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                        Ok(Ok(tls)) => {
+                            let _ = tx.send((tls, peer)).await;
+                        }
+                        Ok(Err(e)) => debug!(%peer, error = %e, "metrics TLS handshake failed"),
+                        Err(_) => debug!(%peer, "metrics TLS handshake timed out"),
+                    }
+                });
+            }
+        });
+        Ok(TlsListener { ready, local, accepting })
+    }
+}
+
+impl Drop for TlsListener {
+    fn drop(&mut self) {
+        self.accepting.abort();
+    }
+}
+
+impl axum::serve::Listener for TlsListener {
+    type Io = TlsStream<TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.ready.recv().await {
+            Some(connection) => connection,
+            // The accepting task ended (it only does when aborted): nothing more will come.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(self.local)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_bearer_token_is_taken() {
+        let with = |value: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::AUTHORIZATION, value.parse().unwrap());
+            headers
+        };
+        assert_eq!(bearer_token(&with("Bearer abc")), Some("abc"));
+        assert_eq!(bearer_token(&with("bearer  abc ")), Some("abc"));
+        assert_eq!(bearer_token(&with("Basic abc")), None);
+        assert_eq!(bearer_token(&with("Bearer ")), None);
+        assert_eq!(bearer_token(&HeaderMap::new()), None);
+    }
 }

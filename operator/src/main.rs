@@ -94,6 +94,15 @@ struct RunArgs {
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, env = "AETHER_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     metrics_addr: String,
+    /// Serve HTTPS, and /metrics only to bearer tokens the API server authenticates (TokenReview)
+    /// and allows `get` on the non-resource URL /metrics (SubjectAccessReview). /healthz and
+    /// /readyz stay open.
+    #[arg(long, env = "AETHER_METRICS_SECURE")]
+    metrics_secure: bool,
+    /// Directory with tls.crt and tls.key for the secure endpoint; a self-signed certificate is
+    /// generated at start without it.
+    #[arg(long, env = "AETHER_METRICS_CERT_DIR", requires = "metrics_secure")]
+    metrics_cert_dir: Option<PathBuf>,
     #[arg(long, env = "AETHER_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
     /// Path of a kubeconfig; in-cluster config or ~/.kube/config otherwise.
@@ -158,7 +167,19 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
         None => kube::Client::try_default().await?,
     };
-    aether_operator::preflight::check_crds(&client).await?;
+    let namespaces: Vec<Option<String>> = if args.namespaces.iter().all(|n| n.is_empty()) {
+        vec![None]
+    } else {
+        args.namespaces.iter().filter(|n| !n.is_empty()).cloned().map(Some).collect()
+    };
+    if namespaces != [None] {
+        let served: Vec<&str> = namespaces.iter().flatten().map(String::as_str).collect();
+        info!(
+            namespaces = %served.join(","),
+            "serving RegionPeerings and RegistrySchemas in these namespaces only; objects in any other namespace are ignored"
+        );
+    }
+    aether_operator::preflight::check_crds(&client, &namespaces).await?;
 
     let identity = args.identity.clone().unwrap_or_else(|| {
         let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default().trim().to_string();
@@ -166,7 +187,16 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     });
     let metrics = Arc::new(Metrics::default());
     let shutdown = CancellationToken::new();
-    let server = aether_operator::http::serve(&args.metrics_addr, metrics.clone(), shutdown.clone()).await?;
+    let access = if args.metrics_secure {
+        let identity = match &args.metrics_cert_dir {
+            Some(dir) => aether_operator::http::ServerIdentity::from_dir(dir)?,
+            None => aether_operator::http::ServerIdentity::self_signed()?,
+        };
+        aether_operator::http::MetricsAccess::Secure { identity, client: client.clone() }
+    } else {
+        aether_operator::http::MetricsAccess::Open
+    };
+    let server = aether_operator::http::serve(&args.metrics_addr, access, metrics.clone(), shutdown.clone()).await?;
     info!(identity = %identity, addr = %args.metrics_addr, "aether-operator starting");
 
     let signal = shutdown.clone();
@@ -191,11 +221,6 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         identity: identity.clone(),
         duration_seconds: args.leader_lease_duration,
         grace_seconds: args.leader_lease_grace.min(args.leader_lease_duration.saturating_sub(1)).max(1),
-    };
-    let namespaces: Vec<Option<String>> = if args.namespaces.iter().all(|n| n.is_empty()) {
-        vec![None]
-    } else {
-        args.namespaces.iter().filter(|n| !n.is_empty()).cloned().map(Some).collect()
     };
     leader::run_elected(client.clone(), leader_settings, &metrics, shutdown.clone(), |term| {
         let (client, settings, metrics, namespaces) =

@@ -15,7 +15,29 @@ pub const GROUP: &str = "federation.aether.dev";
 /// Every CRD this operator serves, in the order they are written to `crds/`.
 pub fn all_crds() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> {
     use kube::CustomResourceExt;
-    vec![RegionPeering::crd(), RegistrySchema::crd()].into_iter().map(unwrap_descriptions).collect()
+    vec![RegionPeering::crd(), RegistrySchema::crd()].into_iter().map(unwrap_descriptions).map(with_schema_digest).collect()
+}
+
+/// The annotation carrying a digest of a CRD's spec, so the operator can tell at start whether the
+/// installed CRDs are the ones it was built with (Helm never upgrades the files in `crds/`).
+pub const SCHEMA_DIGEST_ANNOTATION: &str = "federation.aether.dev/schema-digest";
+
+/// A digest of the spec (FNV-1a over its canonical JSON: map keys are sorted). Drift detection,
+/// not security.
+pub fn schema_digest(
+    spec: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinitionSpec,
+) -> String {
+    let text = serde_json::to_string(&serde_json::to_value(spec).expect("a CRD spec serializes")).expect("JSON");
+    let hash = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    format!("{hash:016x}")
+}
+
+fn with_schema_digest(
+    mut crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+) -> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
+    let digest = schema_digest(&crd.spec);
+    crd.metadata.annotations.get_or_insert_with(Default::default).insert(SCHEMA_DIGEST_ANNOTATION.into(), digest);
+    crd
 }
 
 /// Doc comments wrap at the source's line width; `kubectl explain` should show sentences, not
