@@ -17,7 +17,7 @@ pub use apiserver::{KubeApiserver, client_from_kubeconfig};
 pub use cluster::{ClusterOptions, EtcdCluster};
 pub use etcd::{EtcdFlavor, EtcdServer, ServerTls};
 pub use kube_setup::{ensure_namespace, install_crds};
-pub use pki::CertFiles;
+pub use pki::{CertFiles, Pki};
 pub use process::{Managed as ManagedProcess, free_port, wait_until};
 pub use proxy::{FaultProxy, Faults};
 pub use region::Region;

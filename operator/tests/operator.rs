@@ -2,154 +2,18 @@
 //! the RBAC in config/rbac, with real registry etcds for the region and its peers.
 mod support;
 
-use aether_harness::{EtcdServer, KubeApiserver, ManagedProcess, free_port, wait_until};
+use aether_harness::{EtcdServer, KubeApiserver, free_port, wait_until};
 use aether_operator::api::{RegionPeering, RegistrySchema};
 use aether_operator::keys;
 use etcd_client::{Client, GetOptions, Txn, TxnOp};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
-use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
+use support::operator::*;
 use support::*;
 
-const NS: &str = "fed";
-const WAIT: Duration = Duration::from_secs(60);
-
-fn repo(path: &str) -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path)
-}
-
-fn kubectl(apiserver: &KubeApiserver, args: &[&str]) -> String {
-    let out = apiserver.kubectl().unwrap().args(args).output().unwrap();
-    assert!(out.status.success(), "kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8_lossy(&out.stdout).to_string()
-}
-
-/// The operator, as a ServiceAccount bound to config/rbac.
-fn start_operator(apiserver: &KubeApiserver, dir: &Path, name: &str, metrics_port: u16) -> ManagedProcess {
-    start_operator_in(apiserver, dir, name, metrics_port, NS)
-}
-
-/// The operator watching `namespaces` (comma-separated).
-fn start_operator_in(
-    apiserver: &KubeApiserver,
-    dir: &Path,
-    name: &str,
-    metrics_port: u16,
-    namespaces: &str,
-) -> ManagedProcess {
-    start_operator_via(apiserver, dir, name, metrics_port, namespaces, None)
-}
-
-/// The operator, reaching the API server through `via` (a fault proxy's address) if given.
-fn start_operator_via(
-    apiserver: &KubeApiserver,
-    dir: &Path,
-    name: &str,
-    metrics_port: u16,
-    namespaces: &str,
-    via: Option<std::net::SocketAddr>,
-) -> ManagedProcess {
-    let token = kubectl(apiserver, &["create", "token", "aether-operator", "-n", "aether-system", "--duration", "1h"]);
-    let kubeconfig = apiserver.kubeconfig_for_token(&format!("{name}.kubeconfig"), token.trim()).unwrap();
-    if let Some(via) = via {
-        let text = std::fs::read_to_string(&kubeconfig).unwrap();
-        let direct = apiserver.url().trim_start_matches("https://").to_string();
-        std::fs::write(&kubeconfig, text.replace(&direct, &via.to_string())).unwrap();
-    }
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_aether-operator"));
-    cmd.arg("run")
-        .arg("--kubeconfig")
-        .arg(&kubeconfig)
-        .args(["--namespaces", namespaces, "--identity", name, "--refresh-seconds", "1"])
-        .args(["--metrics-addr", &format!("127.0.0.1:{metrics_port}")])
-        .env("RUST_LOG", "info,aether_operator=debug");
-    ManagedProcess::spawn(name, cmd, &dir.join(format!("{name}.log"))).unwrap()
-}
-
-async fn put_endpoints(etcd: &EtcdServer, region: &str, n: usize) {
-    let mut c = Client::connect([etcd.endpoint()], None).await.unwrap();
-    let ops: Vec<TxnOp> = (0..n)
-        .map(|i| {
-            let key = format!(
-                "{}clusters/c1/services/s{}/protocols/tcp/endpoints/10.1.0.{}",
-                keys::region_prefix(region),
-                i % 5,
-                i
-            );
-            TxnOp::put(key, format!(r#"{{"region":"{region}","clusterName":"c1"}}"#), None)
-        })
-        .collect();
-    c.txn(Txn::new().and_then(ops)).await.unwrap();
-}
-
-async fn mirrored(etcd: &EtcdServer, origin: &str) -> i64 {
-    let mut c = Client::connect([etcd.endpoint()], None).await.unwrap();
-    c.get(keys::region_prefix(origin), Some(GetOptions::new().with_prefix().with_count_only())).await.unwrap().count()
-}
-
-/// CRDs, namespaces and config/rbac on a fresh apiserver; an admin client.
-async fn prepare(apiserver: &KubeApiserver) -> kube::Client {
-    let client = apiserver.client().await.unwrap();
-    install_crds(&client).await.unwrap();
-    ensure_namespace(&client, "aether-system").await.unwrap();
-    ensure_namespace(&client, NS).await.unwrap();
-    kubectl(apiserver, &["apply", "-k", repo("config/rbac").to_str().unwrap()]);
-    client
-}
-
-fn condition(rp: &RegionPeering, type_: &str) -> Option<(String, String, String)> {
-    rp.status
-        .as_ref()?
-        .conditions
-        .iter()
-        .find(|c| c.type_ == type_)
-        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
-}
-
-async fn wait_condition(
-    api: &Api<RegionPeering>,
-    name: &str,
-    type_: &str,
-    status: &str,
-    reason: Option<&str>,
-) -> RegionPeering {
-    let mut last = None;
-    let deadline = std::time::Instant::now() + WAIT;
-    while std::time::Instant::now() < deadline {
-        if let Ok(rp) = api.get(name).await {
-            if let Some((s, r, _)) = condition(&rp, type_)
-                && s == status
-                && reason.is_none_or(|want| want == r)
-            {
-                return rp;
-            }
-            last = Some(rp);
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    panic!(
-        "{name}: condition {type_}={status} ({reason:?}) not reached; last status: {:?}",
-        last.and_then(|r| r.status)
-    );
-}
-
-fn peering(name: &str, region: &str, local: &EtcdServer, peers: &[(&str, &EtcdServer)]) -> serde_json::Value {
-    json!({
-        "apiVersion": "federation.aether.dev/v1alpha1",
-        "kind": "RegionPeering",
-        "metadata": {"name": name, "namespace": NS},
-        "spec": {
-            "region": region,
-            "localEtcd": {"endpoints": [local.endpoint()]},
-            "peers": peers.iter().map(|(r, e)| json!({"region": r, "endpoints": [e.endpoint()]})).collect::<Vec<_>>(),
-            "lease": {"ttlSeconds": 6, "keepaliveIntervalSeconds": 2},
-            "failureDetector": {"acceptablePauseSeconds": 3},
-        }
-    })
-}
 
 #[tokio::test]
 async fn the_operator_runs_as_its_service_account_and_follows_the_spec() {
@@ -282,14 +146,6 @@ async fn the_operator_runs_as_its_service_account_and_follows_the_spec() {
     wait_until("suspended mirror lapses", WAIT, || async { Ok(mirrored(&b, "a").await == 0) }).await.unwrap();
 }
 
-async fn scrape_metrics(port: u16) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").await.unwrap();
-    let mut body = String::new();
-    s.read_to_string(&mut body).await.unwrap();
-    body
-}
 
 #[tokio::test]
 async fn without_crds_the_operator_says_how_to_install_them() {

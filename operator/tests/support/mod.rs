@@ -14,6 +14,35 @@ pub async fn install_crds(client: &kube::Client) -> anyhow::Result<()> {
 pub use aether_harness::ensure_namespace;
 
 pub mod etcd;
+pub mod operator;
+
+/// A path in the repository.
+pub fn repo(path: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path)
+}
+
+/// Runs kubectl as the admin; its stdout, or the test fails with its stderr.
+pub fn kubectl(apiserver: &aether_harness::KubeApiserver, args: &[&str]) -> String {
+    let out = apiserver.kubectl().unwrap().args(args).output().unwrap();
+    assert!(out.status.success(), "kubectl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// A kubeconfig (`<name>.kubeconfig`) authenticating as a ServiceAccount with a one-hour token.
+pub fn service_account_kubeconfig(
+    apiserver: &aether_harness::KubeApiserver,
+    namespace: &str,
+    service_account: &str,
+    name: &str,
+) -> std::path::PathBuf {
+    let token = service_account_token(apiserver, namespace, service_account);
+    apiserver.kubeconfig_for_token(&format!("{name}.kubeconfig"), &token).unwrap()
+}
+
+/// A one-hour token of a ServiceAccount.
+pub fn service_account_token(apiserver: &aether_harness::KubeApiserver, namespace: &str, service_account: &str) -> String {
+    kubectl(apiserver, &["create", "token", service_account, "-n", namespace, "--duration", "1h"]).trim().to_string()
+}
 
 /// An untyped API for one of our kinds, so tests can send objects the Rust types cannot express.
 pub fn dynamic_api(client: &kube::Client, kind: &str, namespace: &str) -> Api<DynamicObject> {

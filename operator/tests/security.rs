@@ -1,0 +1,178 @@
+//! Least privilege in the cluster: metrics served over HTTPS only to scrapers the API server
+//! authenticates and authorizes, and a namespaced install running on the chart's namespaced RBAC.
+mod support;
+
+use aether_harness::{EtcdServer, KubeApiserver, Pki, free_port, tool_path, wait_until};
+use aether_operator::api::RegionPeering;
+use kube::api::{Api, PostParams};
+use serde::Deserialize;
+use std::path::Path;
+use std::process::Command;
+use support::operator::*;
+use support::*;
+
+/// GETs `path` from the operator's HTTPS endpoint, verifying it with `ca` (or not at all), with
+/// `token` as the bearer token if given: the body, or the status it was refused with (0 when the
+/// request did not get an answer).
+async fn get_https(port: u16, ca: Option<&Path>, token: Option<&str>, path: &str) -> Result<String, u16> {
+    let trust = match ca {
+        Some(ca) => format!("certificate-authority: {}", ca.display()),
+        None => "insecure-skip-tls-verify: true".to_string(),
+    };
+    let user = token.map(|t| format!("{{token: {t}}}")).unwrap_or_else(|| "{}".into());
+    let kubeconfig = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: m\n  cluster: {{server: \"https://127.0.0.1:{port}\", {trust}}}\n\
+         users:\n- name: u\n  user: {user}\ncontexts:\n- name: m\n  context: {{cluster: m, user: u}}\ncurrent-context: m\n"
+    );
+    let kubeconfig: kube::config::Kubeconfig = serde_yaml::from_str(&kubeconfig).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await.unwrap();
+    let client = kube::Client::try_from(config).unwrap();
+    let request = http::Request::get(path).body(Vec::new()).unwrap();
+    match client.request_text(request).await {
+        Ok(body) => Ok(body),
+        Err(kube::Error::Api(e)) => Err(e.code),
+        Err(_) => Err(0),
+    }
+}
+
+async fn wait_healthy(port: u16, ca: Option<&Path>) {
+    wait_until("the operator's HTTPS endpoint", WAIT, || async move {
+        Ok(get_https(port, ca, None, "/healthz").await.is_ok_and(|body| body == "ok"))
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn metrics_are_served_over_https_only_to_scrapers_the_api_server_allows() {
+    let apiserver = KubeApiserver::start("metrics-auth").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    prepare(&apiserver).await;
+    for file in ["config/rbac/metrics_auth_role.yaml", "config/rbac/metrics_reader_role.yaml"] {
+        kubectl(&apiserver, &["apply", "-f", repo(file).to_str().unwrap()]);
+    }
+    for sa in ["scraper", "stranger"] {
+        kubectl(&apiserver, &["create", "serviceaccount", sa, "-n", "aether-system"]);
+    }
+    kubectl(
+        &apiserver,
+        &[
+            "create",
+            "clusterrolebinding",
+            "scraper-reads-metrics",
+            "--clusterrole=aether-operator-metrics-reader",
+            "--serviceaccount=aether-system:scraper",
+        ],
+    );
+    // A serving certificate from a CA the scraper trusts, mounted the way a cert-manager Secret is.
+    let pki = Pki::new(dir.path()).unwrap();
+    let served = pki.server("metrics").unwrap();
+    let certs = dir.path().join("metrics-certs");
+    std::fs::create_dir_all(&certs).unwrap();
+    std::fs::copy(&served.cert, certs.join("tls.crt")).unwrap();
+    std::fs::copy(&served.key, certs.join("tls.key")).unwrap();
+
+    let port = free_port();
+    let kubeconfig = service_account_kubeconfig(&apiserver, "aether-system", "aether-operator", "op");
+    let _operator = start_operator_as(
+        &kubeconfig,
+        dir.path(),
+        "op",
+        port,
+        NS,
+        &["--metrics-secure", "--metrics-cert-dir", certs.to_str().unwrap()],
+    );
+    let ca = Some(pki.ca_cert.as_path());
+    wait_healthy(port, ca).await;
+    assert_eq!(get_https(port, ca, None, "/readyz").await, Ok("ok".into()), "the probes stay open");
+
+    assert_eq!(get_https(port, ca, None, "/metrics").await, Err(401), "no token");
+    assert_eq!(get_https(port, ca, Some("not-a-token"), "/metrics").await, Err(401), "a token nobody issued");
+    let stranger = service_account_token(&apiserver, "aether-system", "stranger");
+    assert_eq!(get_https(port, ca, Some(&stranger), "/metrics").await, Err(403), "authenticated, not allowed");
+    let scraper = service_account_token(&apiserver, "aether-system", "scraper");
+    let body = get_https(port, ca, Some(&scraper), "/metrics").await.expect("the reader role may scrape");
+    assert!(body.contains("aether_federation_build_info"), "{body}");
+    // The same denials hold when the decision comes from the cache.
+    assert_eq!(get_https(port, ca, Some(&stranger), "/metrics").await, Err(403));
+    // Plain HTTP gets nothing from a secure endpoint.
+    assert!(!scrape_metrics(port).await.contains("aether_federation_"));
+}
+
+/// The chart rendered for a namespaced install: only the objects that grant access.
+fn chart_rbac(namespaces: &str, dir: &Path) -> (std::path::PathBuf, Vec<serde_json::Value>) {
+    let out = Command::new(tool_path("helm").unwrap())
+        .args(["template", "aether", repo("charts/aether-federation").to_str().unwrap()])
+        .args(["--namespace", "aether-system", "--set", &format!("watchNamespaces={{{namespaces}}}")])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "helm template: {}", String::from_utf8_lossy(&out.stderr));
+    let kinds = ["ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"];
+    let objects: Vec<serde_json::Value> = serde_yaml::Deserializer::from_str(&String::from_utf8_lossy(&out.stdout))
+        .filter_map(|doc| serde_json::Value::deserialize(doc).ok())
+        .filter(|o| kinds.contains(&o["kind"].as_str().unwrap_or_default()))
+        .collect();
+    let file = dir.join("chart-rbac.yaml");
+    let text: Vec<String> = objects.iter().map(|o| serde_yaml::to_string(o).unwrap()).collect();
+    std::fs::write(&file, text.join("---\n")).unwrap();
+    (file, objects)
+}
+
+#[tokio::test]
+async fn a_namespaced_install_runs_on_the_charts_roles_and_ignores_other_namespaces() {
+    let (apiserver, local, peer) =
+        tokio::join!(KubeApiserver::start("namespaced"), EtcdServer::start("ns-a"), EtcdServer::start("ns-b"));
+    let (apiserver, local, peer) = (apiserver.unwrap(), local.unwrap(), peer.unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let client = apiserver.client().await.unwrap();
+    install_crds(&client).await.unwrap();
+    for ns in ["aether-system", NS, "elsewhere"] {
+        ensure_namespace(&client, ns).await.unwrap();
+    }
+    let (rbac, objects) = chart_rbac(NS, dir.path());
+    for cluster_role in objects.iter().filter(|o| o["kind"] == "ClusterRole") {
+        let rules = cluster_role["rules"].to_string();
+        assert!(
+            !rules.contains("secrets") && !rules.contains("regionpeerings"),
+            "a namespaced install grants nothing on data cluster-wide: {cluster_role}"
+        );
+    }
+    assert!(
+        objects.iter().any(|o| o["kind"] == "Role" && o["metadata"]["namespace"] == NS),
+        "a Role in the watched namespace"
+    );
+    kubectl(&apiserver, &["apply", "-f", rbac.to_str().unwrap()]);
+    let account = objects.iter().find(|o| o["kind"] == "ServiceAccount").expect("the chart's ServiceAccount")
+        ["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let as_operator = format!("--as=system:serviceaccount:aether-system:{account}");
+    for (ns, expected) in [(NS, "yes"), ("elsewhere", "no")] {
+        let out = apiserver.kubectl().unwrap().args(["auth", "can-i", "get", "secrets", "-n", ns, &as_operator]).output();
+        assert_eq!(String::from_utf8_lossy(&out.unwrap().stdout).trim(), expected, "get secrets in {ns}");
+    }
+
+    put_endpoints(&local, "a", 20).await;
+    let kubeconfig = service_account_kubeconfig(&apiserver, "aether-system", &account, "op");
+    let port = free_port();
+    let mut operator = start_operator_as(&kubeconfig, dir.path(), "op", port, NS, &["--metrics-secure"]);
+    // The same object in a namespace the operator was not given, created first.
+    let mut outside: RegionPeering = serde_json::from_value(peering("outside", "a", &local, &[("b", &peer)])).unwrap();
+    outside.metadata.namespace = Some("elsewhere".into());
+    Api::<RegionPeering>::namespaced(client.clone(), "elsewhere").create(&PostParams::default(), &outside).await.unwrap();
+    let api: Api<RegionPeering> = Api::namespaced(client.clone(), NS);
+    let inside: RegionPeering = serde_json::from_value(peering("a", "a", &local, &[("b", &peer)])).unwrap();
+    api.create(&PostParams::default(), &inside).await.unwrap();
+
+    wait_condition(&api, "a", "Ready", "True", None).await;
+    assert_eq!(mirrored(&peer, "a").await, 20);
+    wait_healthy(port, None).await;
+    operator.check_running().expect("the operator runs on namespaced RBAC");
+    let outside = Api::<RegionPeering>::namespaced(client.clone(), "elsewhere").get("outside").await.unwrap();
+    assert!(outside.status.is_none(), "an object outside the watched namespaces gets no status");
+    assert!(outside.metadata.finalizers.unwrap_or_default().is_empty(), "nor a finalizer");
+    let log = std::fs::read_to_string(dir.path().join("op.log")).unwrap();
+    assert!(log.contains("objects in any other namespace are ignored"), "{log}");
+    assert!(log.contains("may not read CRDs"), "the CRD check falls back without cluster-wide reads: {log}");
+}
