@@ -177,10 +177,7 @@ async fn metrics_handler(State(state): State<AppState>, headers: HeaderMap) -> R
             }
         }
     }
-    (
-        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
-        state.metrics.encode(),
-    )
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], state.metrics.encode())
         .into_response()
 }
 
@@ -193,10 +190,9 @@ pub async fn serve(
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let (tls, authorizer) = match access {
         MetricsAccess::Open => (None, None),
-        MetricsAccess::Secure { identity, client } => (
-            Some(identity.acceptor()?),
-            Some(Arc::new(Authorizer { client, cache: Mutex::new(HashMap::new()) })),
-        ),
+        MetricsAccess::Secure { identity, client } => {
+            (Some(identity.acceptor()?), Some(Arc::new(Authorizer { client, cache: Mutex::new(HashMap::new()) })))
+        }
     };
     let app = Router::new()
         .route("/metrics", get(metrics_handler))

@@ -53,6 +53,9 @@ pub struct Metrics {
     pub reconcile_errors: Family<ControllerLabels, Counter>,
     pub reconcile_duration: Family<ControllerLabels, Histogram>,
     pub keepalive_failures: Family<PeerLabels, Gauge>,
+    pub keepalive_rtt: Family<PeerLabels, Histogram>,
+    /// The drain's current phase (1) per region.
+    pub drain_phase: Family<DrainPhaseLabels, Gauge>,
     pub lease_ttl_remaining_seconds: Family<PeerLabels, Gauge>,
     pub leases: Family<PeerLabels, Gauge>,
     pub reachable: Family<PeerLabels, Gauge>,
@@ -70,6 +73,12 @@ pub struct Metrics {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DrainPhaseLabels {
+    pub region: String,
+    pub phase: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BuildLabels {
     pub version: String,
 }
@@ -81,6 +90,11 @@ pub struct ControllerLabels {
 
 fn duration_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.005, 2.0, 12))
+}
+
+/// Keepalive rounds: a millisecond on a LAN to seconds across a stalled WAN.
+fn round_trip_histogram() -> Histogram {
+    Histogram::new([0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0])
 }
 
 impl Default for Metrics {
@@ -100,6 +114,8 @@ impl Default for Metrics {
             reconcile_errors: Family::default(),
             reconcile_duration: Family::new_with_constructor(duration_histogram),
             keepalive_failures: Family::default(),
+            keepalive_rtt: Family::new_with_constructor(round_trip_histogram),
+            drain_phase: Family::default(),
             lease_ttl_remaining_seconds: Family::default(),
             leases: Family::default(),
             reachable: Family::default(),
@@ -161,6 +177,11 @@ impl Default for Metrics {
             "Seconds left on the leases if no keepalive succeeds",
             m.lease_ttl_remaining_seconds.clone(),
         );
+        registry.register(
+            "keepalive_rtt_seconds",
+            "Seconds a keepalive round to the peer takes (tune acceptablePauseSeconds from it)",
+            m.keepalive_rtt.clone(),
+        );
         registry.register("leases", "Leases (shards) held on the peer", m.leases.clone());
         registry.register(
             "peer_reachable",
@@ -180,6 +201,7 @@ impl Default for Metrics {
         registry.register("status_patches", "RegionPeering status patches written", m.status_patches.clone());
         registry.register("leader", "1 while this instance leads its region", m.is_leader.clone());
         registry.register("drain_keys", "Legacy keys handled by the v0 -> v1 drain, by outcome", m.drain_keys.clone());
+        registry.register("drain_phase", "1 for the v0 -> v1 drain's current phase", m.drain_phase.clone());
         Metrics { registry, ..m }
     }
 }
@@ -196,6 +218,7 @@ impl Metrics {
         self.advance(&self.drift_repaired_keys, "drift_repaired_keys", &l, h.drift_repaired_keys);
         self.lease_ttl_seconds.get_or_create(&l).set(h.lease_ttl_seconds);
         self.keepalive_failures.get_or_create(&l).set(h.keepalive_failures as i64);
+        self.observe_keepalive_rtts(h, &l);
         self.lease_ttl_remaining_seconds.get_or_create(&l).set(h.lease_ttl_remaining(now).unwrap_or(0));
         self.leases.get_or_create(&l).set(h.leases as i64);
         self.reachable.get_or_create(&l).set(i64::from(h.reachable));
@@ -206,6 +229,29 @@ impl Metrics {
             let labels =
                 PhaseLabels { region: h.origin.clone(), peer: h.peer.clone(), phase: phase.as_str().to_string() };
             self.phase.get_or_create(&labels).set(i64::from(phase == h.phase));
+        }
+    }
+
+    /// Observes the keepalive rounds this series has not seen yet.
+    fn observe_keepalive_rtts(&self, h: &PeerHealth, l: &PeerLabels) {
+        let seen = self.seen.lock().expect("metrics lock").insert(("keepalive_rounds", l.clone()), h.keepalive_rounds);
+        let histogram = self.keepalive_rtt.get_or_create(l);
+        h.keepalive_rtts_since(seen.unwrap_or(0)).for_each(|rtt| histogram.observe(rtt));
+    }
+
+    /// Sets the drain's phase series of a region: 1 for `phase`, 0 for the others.
+    pub fn record_drain_phase(&self, region: &str, phase: crate::drain::DrainPhase) {
+        for candidate in crate::drain::DrainPhase::ALL {
+            let labels = DrainPhaseLabels { region: region.to_string(), phase: candidate.as_str().to_string() };
+            self.drain_phase.get_or_create(&labels).set(i64::from(candidate == phase));
+        }
+    }
+
+    /// Drops a region's drain phase series (its RegistrySchema is gone).
+    pub fn forget_drain(&self, region: &str) {
+        for candidate in crate::drain::DrainPhase::ALL {
+            self.drain_phase
+                .remove(&DrainPhaseLabels { region: region.to_string(), phase: candidate.as_str().to_string() });
         }
     }
 
@@ -249,6 +295,7 @@ impl Metrics {
         {
             family.remove(&l);
         }
+        self.keepalive_rtt.remove(&l);
         self.seen.lock().expect("metrics lock").retain(|(_, labels), _| labels != &l);
         self.lag_seconds.remove(&l);
         for phase in Phase::ALL {
@@ -312,6 +359,7 @@ mod tests {
         m.status_patches.get_or_create(&RegionLabels { region: "a".into() }).inc();
         m.reconciled("regionpeering", std::time::Duration::from_millis(3), false);
         m.advance_drain(DrainLabels { region: "a".into(), outcome: "copied".into() }, 5);
+        m.record_drain_phase("a", crate::drain::DrainPhase::Copying);
         let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/operating.md")).unwrap();
         let documented: std::collections::BTreeSet<String> = docs
             .lines()
@@ -320,6 +368,77 @@ mod tests {
             .map(|n| n.split('{').next().unwrap_or(n).to_string())
             .collect();
         assert_eq!(exposed(&m), documented, "docs/operating.md's metrics table and the exposition differ");
+    }
+
+    /// The metric names an alert rule or a dashboard query refers to, by the family they sample.
+    fn referenced(text: &str) -> std::collections::BTreeSet<String> {
+        let mut names = std::collections::BTreeSet::new();
+        let mut rest = text;
+        while let Some(at) = rest.find("aether_federation_") {
+            let tail = &rest[at..];
+            let end = tail.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(tail.len());
+            names.insert(tail[..end].to_string());
+            rest = &tail[end..];
+        }
+        names
+    }
+
+    #[test]
+    fn the_alerts_and_the_dashboard_use_only_exposed_metrics() {
+        let m = Metrics::default();
+        let mut h = PeerHealth::new("a", "b", 30);
+        h.record_keepalive_rtt(std::time::Duration::from_millis(3));
+        m.record_peer(&h, SystemTime::now());
+        m.inbound_keys.get_or_create(&PeerLabels { region: "a".into(), peer: "b".into() }).set(1);
+        m.inbound_lease_ttl_seconds.get_or_create(&PeerLabels { region: "a".into(), peer: "b".into() }).set(1);
+        m.status_patches.get_or_create(&RegionLabels { region: "a".into() }).inc();
+        m.reconciled("regionpeering", std::time::Duration::from_millis(3), false);
+        m.advance_drain(DrainLabels { region: "a".into(), outcome: "copied".into() }, 5);
+        m.record_drain_phase("a", crate::drain::DrainPhase::Copying);
+        let families = exposed(&m);
+        let samples: std::collections::BTreeSet<String> = m
+            .encode()
+            .lines()
+            .filter(|l| !l.starts_with('#'))
+            .filter_map(|l| l.split(['{', ' ']).next())
+            .map(String::from)
+            .collect();
+        let chart = concat!(env!("CARGO_MANIFEST_DIR"), "/../charts/aether-federation/files/");
+        for file in ["prometheus-rules.yaml", "dashboard.json"] {
+            let text = std::fs::read_to_string(format!("{chart}{file}")).unwrap();
+            let names = referenced(&text);
+            assert!(names.len() >= 5, "{file} refers to the operator's metrics");
+            for name in names {
+                assert!(
+                    families.contains(&name) || samples.contains(&name),
+                    "{file} uses {name}, which the operator does not expose"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn keepalive_round_trips_are_observed_once_each_and_after_a_restart() {
+        let m = Metrics::default();
+        let mut h = PeerHealth::new("a", "b", 30);
+        let count = |m: &Metrics| {
+            let text = m.encode();
+            text.lines()
+                .find(|line| line.starts_with("aether_federation_keepalive_rtt_seconds_count"))
+                .and_then(|line| line.rsplit(' ').next())
+                .map(|n| n.parse::<u64>().unwrap())
+        };
+        h.record_keepalive_rtt(std::time::Duration::from_millis(2));
+        h.record_keepalive_rtt(std::time::Duration::from_millis(40));
+        m.record_peer(&h, SystemTime::now());
+        m.record_peer(&h, SystemTime::now());
+        assert_eq!(count(&m), Some(2), "a refresh without new rounds observes nothing");
+        let mut restarted = PeerHealth::new("a", "b", 30);
+        restarted.record_keepalive_rtt(std::time::Duration::from_millis(5));
+        m.record_peer(&restarted, SystemTime::now());
+        assert_eq!(count(&m), Some(3), "a worker that started over is observed from its first round");
+        m.forget_peer("a", "b");
+        assert_eq!(count(&m), None, "a stopped worker's histogram goes");
     }
 
     #[test]

@@ -79,10 +79,12 @@ mod tests {
         assert_eq!(crd_state(None, &ours), CrdState::Missing);
         let mut older = ours.clone();
         older.spec.versions[0].served = false;
-        older.metadata.annotations.as_mut().unwrap().insert(
-            SCHEMA_DIGEST_ANNOTATION.into(),
-            crate::api::schema_digest(&older.spec),
-        );
+        older
+            .metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(SCHEMA_DIGEST_ANNOTATION.into(), crate::api::schema_digest(&older.spec));
         assert!(matches!(crd_state(Some(&older), &ours), CrdState::Different(Some(_))));
         let mut unannotated = ours.clone();
         unannotated.metadata.annotations = None;

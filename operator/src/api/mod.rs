@@ -15,7 +15,11 @@ pub const GROUP: &str = "federation.aether.dev";
 /// Every CRD this operator serves, in the order they are written to `crds/`.
 pub fn all_crds() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> {
     use kube::CustomResourceExt;
-    vec![RegionPeering::crd(), RegistrySchema::crd()].into_iter().map(unwrap_descriptions).map(with_schema_digest).collect()
+    vec![RegionPeering::crd(), RegistrySchema::crd()]
+        .into_iter()
+        .map(unwrap_descriptions)
+        .map(with_schema_digest)
+        .collect()
 }
 
 /// The annotation carrying a digest of a CRD's spec, so the operator can tell at start whether the

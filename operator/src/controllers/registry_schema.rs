@@ -138,6 +138,7 @@ async fn reconcile(rs: Arc<RegistrySchema>, ctx: Arc<Context>) -> Result<Action,
 async fn cleanup(rs: Arc<RegistrySchema>, ctx: Arc<Context>) -> Result<Action, Error> {
     let key = format!("{}/{}", rs.namespace().unwrap_or_default(), rs.name_any());
     let running = ctx.drains.lock().expect("lock").remove(&key);
+    ctx.metrics.forget_drain(&rs.spec.region);
     if let Some(running) = running {
         running.cancel.cancel();
         if tokio::time::timeout(STOP_TIMEOUT, running.task).await.is_err() {
@@ -239,6 +240,7 @@ async fn apply(rs: Arc<RegistrySchema>, ctx: Arc<Context>) -> Result<Action, Err
     ] {
         ctx.metrics.advance_drain(DrainLabels { region: spec.region.clone(), outcome: outcome.into() }, n);
     }
+    ctx.metrics.record_drain_phase(&spec.region, report.phase.unwrap_or(DrainPhase::Pending));
     let status = status_from(&previous, rs.metadata.generation, &report, error.as_deref());
     patch(&api, &rs.name_any(), &previous, status).await?;
     Ok(Action::requeue(ctx.settings.refresh_interval.min(Duration::from_secs(2))))

@@ -84,6 +84,15 @@ pub enum DrainPhase {
 }
 
 impl DrainPhase {
+    pub const ALL: [DrainPhase; 6] = [
+        DrainPhase::Pending,
+        DrainPhase::Copying,
+        DrainPhase::Draining,
+        DrainPhase::Complete,
+        DrainPhase::DryRunComplete,
+        DrainPhase::Failed,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             DrainPhase::Pending => "Pending",

@@ -80,9 +80,34 @@ pub struct PeerHealth {
     pub drift_repaired_keys: u64,
     /// Whether the current or the last complete verification pass found drift.
     pub drift_detected: bool,
+    /// Seconds each of the latest successful keepalive rounds took (oldest first, at most
+    /// `KEEPALIVE_RTT_SAMPLES`), and how many succeeded since the worker started: the metrics
+    /// observe the rounds they have not seen yet.
+    pub keepalive_rtts: std::collections::VecDeque<f64>,
+    pub keepalive_rounds: u64,
 }
 
+/// Round-trip samples a health snapshot keeps; far more than happen between two refreshes.
+pub const KEEPALIVE_RTT_SAMPLES: usize = 32;
+
 impl PeerHealth {
+    /// Records a successful keepalive round that took `rtt`.
+    pub fn record_keepalive_rtt(&mut self, rtt: std::time::Duration) {
+        if self.keepalive_rtts.len() == KEEPALIVE_RTT_SAMPLES {
+            self.keepalive_rtts.pop_front();
+        }
+        self.keepalive_rtts.push_back(rtt.as_secs_f64());
+        self.keepalive_rounds += 1;
+    }
+
+    /// The round trips of the rounds after the first `seen` (all kept ones if the worker started
+    /// over, its count below `seen`).
+    pub fn keepalive_rtts_since(&self, seen: u64) -> impl Iterator<Item = f64> + '_ {
+        let new = if self.keepalive_rounds >= seen { self.keepalive_rounds - seen } else { self.keepalive_rounds };
+        let kept = self.keepalive_rtts.len();
+        self.keepalive_rtts.iter().copied().skip(kept.saturating_sub(new.min(kept as u64) as usize))
+    }
+
     pub fn new(origin: &str, peer: &str, lease_ttl_seconds: i64) -> Self {
         PeerHealth {
             origin: origin.to_string(),
@@ -93,6 +118,8 @@ impl PeerHealth {
             keepalive_failures: 0,
             lease_ttl_reported: None,
             lease_ttl_seconds,
+            keepalive_rtts: Default::default(),
+            keepalive_rounds: 0,
             leases: 0,
             last_applied_revision: 0,
             last_seen_revision: 0,

@@ -123,7 +123,9 @@ impl Keeper {
                         shared.update(|h| h.keepalive_failures += 1);
                         shared.detector_evaluate();
                     } else {
+                        let rtt = started.elapsed();
                         shared.update(|h| {
+                            h.record_keepalive_rtt(rtt);
                             h.keepalive_failures = 0;
                             h.keepalive_last_success = Some(SystemTime::now());
                             h.lease_ttl_reported = min_ttl;
