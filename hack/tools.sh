@@ -14,6 +14,8 @@ KUBE_VERSION=v1.35.4      # kube-apiserver and kubectl; keep in step with hack/t
 ETCD_VERSION=v3.6.16      # the default etcd for tests; keep in step with hack/tools/etcd/go.mod
 HELM_VERSION=v3.19.0
 KUBECONFORM_VERSION=v0.7.0
+PROMETHEUS_VERSION=v0.316.0  # promtool, for the alert rules' checks and unit tests
+GOPHER_LUA_VERSION=v1.1.2    # Argo CD's Lua interpreter; keep in step with hack/tools/lua-health/go.mod
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 tools_dir=${AETHER_TOOLS_DIR:-$HOME/.cache/aether-federation/tools}
@@ -32,7 +34,7 @@ say() { echo "tools: $*"; }
 PATH=$(printf '%s' "$PATH" | tr ':' '\n' | grep -vxF "$bin_dir" | paste -sd: -)
 export PATH
 
-command -v go >/dev/null || die "Go is needed to build kube-apiserver, etcd, helm and kubeconform; install Go 1.25+ (https://go.dev/doc/install)"
+command -v go >/dev/null || die "Go is needed to build kube-apiserver, etcd, helm, kubeconform and promtool; install Go 1.26.7+ (https://go.dev/doc/install)"
 mkdir -p "$bin_dir"
 
 # build NAME VERSION MODULE_DIR PACKAGE OUTPUT: go build PACKAGE from a wrapper module into the cache.
@@ -68,12 +70,11 @@ go_install() {
 }
 
 # Debian packages: protoc for etcd-client's build, etcd 3.4 for the compatibility pass (its etcdctl
-# also has make-mirror), lua for the Argo CD health check tests.
+# also has make-mirror).
 apt_packages=()
 command -v protoc >/dev/null || apt_packages+=(protobuf-compiler)
 [[ -x /usr/bin/etcd ]] || apt_packages+=(etcd-server)
 [[ -x /usr/bin/etcdctl ]] || apt_packages+=(etcd-client)
-command -v lua5.4 >/dev/null || apt_packages+=(lua5.4)
 if ((${#apt_packages[@]})); then
   command -v apt-get >/dev/null || die "missing ${apt_packages[*]}: install them with your package manager"
   [[ $(id -u) == 0 ]] || die "missing ${apt_packages[*]}: run 'sudo apt-get install ${apt_packages[*]}' or re-run as root"
@@ -94,5 +95,10 @@ build_from_module kube-apiserver "$KUBE_VERSION" "$here/tools/kube" k8s.io/kuber
 build_from_module kubectl "$KUBE_VERSION" "$here/tools/kube" k8s.io/kubernetes/cmd/kubectl kubectl
 go_install helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm
 go_install kubeconform "$KUBECONFORM_VERSION" github.com/yannh/kubeconform/cmd/kubeconform
+go_install promtool "$PROMETHEUS_VERSION" github.com/prometheus/prometheus/cmd/promtool
+# The Argo CD health scripts' runner is this repository's own code: its cache key is the
+# interpreter's version and a digest of the sources, so any change to them rebuilds it.
+lua_health_version=$GOPHER_LUA_VERSION-$(cat "$here"/tools/lua-health/{go.mod,go.sum,main.go} | sha256sum | cut -c1-12)
+build_from_module aether-lua-health "$lua_health_version" "$here/tools/lua-health" . aether-lua-health
 
 say "all tools in $bin_dir"
