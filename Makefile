@@ -5,7 +5,7 @@ export AETHER_TOOLS_BIN := $(TOOLS_BIN)
 export PATH := $(TOOLS_BIN):$(PATH)
 CARGO ?= cargo
 
-.PHONY: all tools build manifests crds test test-etcd34 lint fmt bench demo e2e e2e-kind lint-chart clean
+.PHONY: all tools build manifests crds test test-etcd34 lint fmt bench demo e2e e2e-kind lint-chart check-alerts clean
 
 all: build
 
@@ -28,9 +28,14 @@ demo: tools
 
 ## test: formatting, lints, unit and integration tests against real etcd and kube-apiserver, the e2e
 test: tools lint
+	$(MAKE) check-alerts
 	$(CARGO) test --workspace --exclude aether-e2e --no-fail-fast
 	$(MAKE) test-etcd34
 	$(MAKE) e2e
+
+## check-alerts: promtool check and unit tests of the alert rules, the kustomize copy equal to the chart's, the dashboard's queries
+check-alerts: tools
+	hack/check-alerts.sh
 
 ## e2e: the multi-region scenario (2 then 3 regions) on local real parts
 e2e: tools
