@@ -199,6 +199,66 @@ impl Federation {
     pub fn workdir(&self) -> &Path {
         self.dir.path()
     }
+
+    /// One kubeconfig with a context per region, named after it (as an SRE's kubeconfig has one
+    /// per cluster).
+    pub fn kubeconfig_with_contexts(&self) -> anyhow::Result<PathBuf> {
+        let (mut clusters, mut users, mut contexts) = (Vec::new(), Vec::new(), Vec::new());
+        for region in &self.regions {
+            let text = std::fs::read_to_string(region.apiserver.kubeconfig())?;
+            let own: serde_json::Value = serde_yaml::from_str(&text)?;
+            let name = region.name.as_str();
+            clusters.push(serde_json::json!({"name": name, "cluster": own["clusters"][0]["cluster"]}));
+            users.push(serde_json::json!({"name": name, "user": own["users"][0]["user"]}));
+            contexts.push(
+                serde_json::json!({"name": name, "context": {"cluster": name, "user": name, "namespace": NAMESPACE}}),
+            );
+        }
+        let merged = serde_json::json!({
+            "apiVersion": "v1", "kind": "Config", "clusters": clusters, "users": users, "contexts": contexts,
+            "current-context": self.regions[0].name,
+        });
+        let path = self.dir.path().join("federation.kubeconfig");
+        std::fs::write(&path, serde_yaml::to_string(&merged)?)?;
+        Ok(path)
+    }
+
+    /// `aether-operator <args> --kubeconfig <every region's context>`: whether it exited 0, and
+    /// what it printed.
+    pub fn operator_cli(&self, args: &[&str]) -> anyhow::Result<(bool, String)> {
+        let out = Command::new(operator_binary()?)
+            .args(args)
+            .arg("--kubeconfig")
+            .arg(self.kubeconfig_with_contexts()?)
+            .output()?;
+        Ok((
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr),
+        ))
+    }
+
+    /// `kubectl aether <args>`: the binary installed as a kubectl plugin (named `kubectl-aether`
+    /// on the PATH).
+    pub fn kubectl_plugin(&self, args: &[&str]) -> anyhow::Result<(bool, String)> {
+        let plugins = self.dir.path().join("plugins");
+        let plugin = plugins.join("kubectl-aether");
+        if !plugin.exists() {
+            std::fs::create_dir_all(&plugins)?;
+            std::os::unix::fs::symlink(operator_binary()?, &plugin)?;
+        }
+        let path = format!("{}:{}", plugins.display(), std::env::var("PATH").unwrap_or_default());
+        let out = Command::new(tool_path("kubectl")?)
+            .arg("aether")
+            .args(args)
+            .arg("--kubeconfig")
+            .arg(self.kubeconfig_with_contexts()?)
+            .env("PATH", path)
+            .output()?;
+        Ok((
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr),
+        ))
+    }
 }
 
 pub fn endpoint_key(region: &str, i: usize) -> String {

@@ -43,6 +43,29 @@ async fn scenario(names: &[&str]) {
         assert_eq!(status.peers_ready, Some(format!("{0}/{0}", names.len() - 1)));
         assert!(status.peers.iter().all(|p| p.replication.keys == 200 && p.replication.synced));
     }
+    // One command shows the whole federation, checked on every peer etcd too.
+    let contexts: Vec<String> = names.iter().flat_map(|r| ["--context".to_string(), r.to_string()]).collect();
+    let with_contexts =
+        |first: &[&str]| first.iter().map(|s| s.to_string()).chain(contexts.clone()).collect::<Vec<_>>();
+    let args = with_contexts(&["status", "--etcd"]);
+    let (healthy, table) = fed.operator_cli(&args.iter().map(String::as_str).collect::<Vec<_>>()).unwrap();
+    assert!(healthy, "status of a healthy federation exits 0:\n{table}");
+    println!("{table}");
+    for origin in names {
+        for peer in names.iter().filter(|p| *p != origin) {
+            assert!(
+                table.lines().any(|l| l.split_whitespace().take(3).collect::<Vec<_>>() == [*origin, *peer, "Watching"]),
+                "{origin} -> {peer} in:\n{table}"
+            );
+        }
+    }
+    let args = with_contexts(&["status", "-o", "json"]);
+    let (_, json) = fed.kubectl_plugin(&args.iter().map(String::as_str).collect::<Vec<_>>()).unwrap();
+    let json: serde_json::Value = serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {json}"));
+    assert_eq!(json["healthy"], true, "{json}");
+    assert_eq!(json["mirrors"].as_array().unwrap().len(), names.len() * (names.len() - 1));
+    let (passed, findings) = fed.operator_cli(&["doctor", "a", "--context", "a"]).unwrap();
+    assert!(passed && findings.contains("connect") && !findings.contains("FAIL"), "{findings}");
 
     // 2. Data path: written in a, seen everywhere; deleted in a, gone everywhere.
     let mut a = fed.registry_client("a").await.unwrap();
@@ -107,6 +130,10 @@ async fn scenario(names: &[&str]) {
         }
         assert_eq!(fed.keys_of(r, r).await.unwrap(), 200);
     }
+    let args = with_contexts(&["status"]);
+    let (healthy, table) = fed.kubectl_plugin(&args.iter().map(String::as_str).collect::<Vec<_>>()).unwrap();
+    assert!(!healthy, "status exits non-zero while a region is down:\n{table}");
+    assert!(table.contains("not healthy") && table.contains("-> a"), "{table}");
 
     // 5. Recovery: a comes back, resyncs and is Ready; the others see it reachable again.
     fed.region_mut("a").registry.restart().await.unwrap();
@@ -118,6 +145,9 @@ async fn scenario(names: &[&str]) {
         fed.wait_condition(r, "PeersReachable", "True", WAIT).await.unwrap();
         fed.wait_condition(r, "Ready", "True", WAIT).await.unwrap();
     }
+    let args = with_contexts(&["status", "--wait", "60"]);
+    let (healthy, table) = fed.operator_cli(&args.iter().map(String::as_str).collect::<Vec<_>>()).unwrap();
+    assert!(healthy, "status --wait returns once the federation recovered:\n{table}");
 }
 
 #[tokio::test]

@@ -21,6 +21,11 @@ enum Command {
     Run(RunArgs),
     /// Run the v0 -> v1 drain once against an etcd, without the CRD, and print its report.
     Drain(DrainArgs),
+    /// The whole federation: every region's RegionPeering through each kubeconfig context, as an
+    /// origin x peer matrix. Exits 1 unless everything is healthy.
+    Status(StatusArgs),
+    /// Check one RegionPeering's credentials against each etcd it names. Exits 1 on a failure.
+    Doctor(DoctorArgs),
     /// Write every generated manifest (CRDs, RBAC) under a repository root (`make manifests`).
     Manifests {
         #[arg(long, default_value = ".")]
@@ -63,6 +68,50 @@ struct DrainArgs {
     /// etcd user (the password comes from ETCD_PASSWORD).
     #[arg(long)]
     user: Option<String>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum OutputFormat {
+    Table,
+    Json,
+}
+
+#[derive(clap::Args)]
+struct StatusArgs {
+    /// The kubeconfig; KUBECONFIG or ~/.kube/config otherwise.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// A context to read (repeat for each region); every context of the kubeconfig when none is given.
+    #[arg(long = "context")]
+    contexts: Vec<String>,
+    /// Only this namespace; all namespaces otherwise.
+    #[arg(short, long)]
+    namespace: Option<String>,
+    /// Also check each peer's copy directly on its etcd: the canary, the checkpoint, and that it
+    /// holds as many keys as the origin.
+    #[arg(long)]
+    etcd: bool,
+    #[arg(short, long, value_enum, default_value = "table")]
+    output: OutputFormat,
+    /// Wait up to this many seconds for the federation to be healthy.
+    #[arg(long, value_name = "SECONDS")]
+    wait: Option<u64>,
+}
+
+#[derive(clap::Args)]
+struct DoctorArgs {
+    /// The RegionPeering; the only one in the namespace when not given.
+    name: Option<String>,
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// The context; the current one when not given.
+    #[arg(long)]
+    context: Option<String>,
+    /// The RegionPeering's namespace; the context's namespace (or default) when not given.
+    #[arg(short, long)]
+    namespace: Option<String>,
+    #[arg(short, long, value_enum, default_value = "table")]
+    output: OutputFormat,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -136,6 +185,14 @@ async fn main() -> anyhow::Result<()> {
                 println!("wrote {}", path.display());
             }
             Ok(())
+        }
+        Command::Status(args) => {
+            let healthy = run_status(args).await?;
+            std::process::exit(if healthy { 0 } else { 1 });
+        }
+        Command::Doctor(args) => {
+            let passed = run_doctor(args).await?;
+            std::process::exit(if passed { 0 } else { 1 });
         }
         Command::Drain(args) => {
             init_tracing(LogFormat::Text);
@@ -253,6 +310,65 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     shutdown.cancel();
     let _ = server.await;
     Ok(())
+}
+
+/// Prints the federation (again every 2 s while waiting); whether it is healthy.
+async fn run_status(args: StatusArgs) -> anyhow::Result<bool> {
+    use aether_operator::cli::{load_kubeconfig, status};
+    let kubeconfig = load_kubeconfig(args.kubeconfig.as_deref())?;
+    let contexts = if args.contexts.is_empty() {
+        kubeconfig.contexts.iter().map(|c| c.name.clone()).collect()
+    } else {
+        args.contexts.clone()
+    };
+    anyhow::ensure!(!contexts.is_empty(), "the kubeconfig has no context");
+    let deadline = args.wait.map(|s| tokio::time::Instant::now() + Duration::from_secs(s));
+    loop {
+        let federation = status::gather(&kubeconfig, &contexts, args.namespace.as_deref(), args.etcd).await;
+        let healthy = status::problems(&federation).is_empty();
+        let waiting = deadline.is_some_and(|d| tokio::time::Instant::now() < d);
+        if healthy || !waiting {
+            match args.output {
+                OutputFormat::Table => print!("{}", status::render_table(&federation)),
+                OutputFormat::Json => {
+                    let mut value = serde_json::to_value(&federation)?;
+                    value["healthy"] = healthy.into();
+                    value["problems"] = serde_json::to_value(status::problems(&federation))?;
+                    println!("{}", serde_json::to_string_pretty(&value)?);
+                }
+            }
+            return Ok(healthy);
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+/// Prints the findings; whether none failed.
+async fn run_doctor(args: DoctorArgs) -> anyhow::Result<bool> {
+    use aether_operator::api::RegionPeering;
+    use aether_operator::cli::{client_for, doctor, load_kubeconfig};
+    let kubeconfig = load_kubeconfig(args.kubeconfig.as_deref())?;
+    let client = client_for(&kubeconfig, args.context.as_deref()).await?;
+    let namespace = args.namespace.clone().unwrap_or_else(|| client.default_namespace().to_string());
+    let api: kube::Api<RegionPeering> = kube::Api::namespaced(client.clone(), &namespace);
+    let rp = match &args.name {
+        Some(name) => api.get(name).await.map_err(|e| anyhow::anyhow!("RegionPeering {namespace}/{name}: {e}"))?,
+        None => {
+            let mut all = api.list(&Default::default()).await?.items;
+            anyhow::ensure!(
+                all.len() == 1,
+                "{} RegionPeerings in namespace {namespace}; name the one to check",
+                all.len()
+            );
+            all.remove(0)
+        }
+    };
+    let findings = doctor::run(&client, &rp).await;
+    match args.output {
+        OutputFormat::Table => print!("{}", doctor::render(&findings)),
+        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&findings)?),
+    }
+    Ok(!findings.iter().any(|f| f.level == doctor::Level::Fail))
 }
 
 async fn run_drain(args: DrainArgs) -> anyhow::Result<aether_operator::drain::DrainReport> {

@@ -1,0 +1,405 @@
+//! `aether-operator status`: every region's RegionPeering, read through each kubeconfig context,
+//! as one origin x peer matrix; with `--etcd`, each peer's copy checked directly.
+use crate::api::RegionPeering;
+use crate::controllers::region_peering::resolve_connection;
+use crate::keys;
+use crate::mirror::checkpoint::Checkpoint;
+use etcd_client::GetOptions;
+use kube::ResourceExt;
+use kube::api::{Api, ListParams};
+use serde::Serialize;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+/// One mirror: an origin region into one peer, as its RegionPeering reports it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MirrorRow {
+    pub context: String,
+    /// namespace/name of the RegionPeering.
+    pub object: String,
+    pub origin: String,
+    pub peer: String,
+    pub phase: String,
+    pub reachable: bool,
+    pub synced: bool,
+    pub lag_seconds: Option<i64>,
+    pub keys: i64,
+    pub lease_ttl_remaining_seconds: Option<i64>,
+    pub last_error: Option<String>,
+    /// What `--etcd` found on the peer, when asked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub etcd: Option<EtcdCheck>,
+}
+
+/// The peer's copy, read directly.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EtcdCheck {
+    /// Keys of the origin's subtree on the origin and on the peer.
+    pub origin_keys: Option<i64>,
+    pub peer_keys: Option<i64>,
+    /// Values the operator leaves out because the peer cannot take them.
+    pub oversized: i64,
+    /// The canary says the peer holds a complete snapshot.
+    pub canary_synced: Option<bool>,
+    pub checkpoint_revision: Option<i64>,
+    pub problems: Vec<String>,
+}
+
+/// A region's RegionPeering as a whole.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RegionRow {
+    pub context: String,
+    pub object: String,
+    pub region: String,
+    /// The Ready condition: status and reason.
+    pub ready: String,
+    pub reason: String,
+    pub leader: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Federation {
+    pub regions: Vec<RegionRow>,
+    pub mirrors: Vec<MirrorRow>,
+    /// Contexts that could not be read, with why.
+    pub unreachable: Vec<(String, String)>,
+}
+
+/// The rows of one RegionPeering (pure).
+pub fn rows(context: &str, rp: &RegionPeering) -> (RegionRow, Vec<MirrorRow>) {
+    let object = format!("{}/{}", rp.namespace().unwrap_or_default(), rp.name_any());
+    let status = rp.status.clone().unwrap_or_default();
+    let ready = status.conditions.iter().find(|c| c.type_ == "Ready");
+    let region = RegionRow {
+        context: context.to_string(),
+        object: object.clone(),
+        region: rp.spec.region.clone(),
+        ready: ready.map_or_else(|| "Unknown".to_string(), |c| c.status.clone()),
+        reason: ready.map_or_else(|| "NoStatus".to_string(), |c| c.reason.clone()),
+        leader: status.leader.clone(),
+    };
+    let mirrors = rp
+        .spec
+        .peers
+        .iter()
+        .map(|peer| {
+            let reported = status.peers.iter().find(|p| p.region == peer.region);
+            MirrorRow {
+                context: context.to_string(),
+                object: object.clone(),
+                origin: rp.spec.region.clone(),
+                peer: peer.region.clone(),
+                phase: reported.map_or_else(|| "Unknown".to_string(), |p| p.phase.clone()),
+                reachable: reported.is_some_and(|p| p.reachable),
+                synced: reported.is_some_and(|p| p.replication.synced),
+                lag_seconds: reported.and_then(|p| p.replication.lag_seconds),
+                keys: reported.map_or(0, |p| p.replication.keys),
+                lease_ttl_remaining_seconds: reported.and_then(|p| p.keepalive.ttl_remaining_seconds),
+                last_error: reported.and_then(|p| p.last_error.clone()),
+                etcd: None,
+            }
+        })
+        .collect();
+    (region, mirrors)
+}
+
+/// Why the federation is not healthy; empty when it is (pure).
+pub fn problems(f: &Federation) -> Vec<String> {
+    let mut out: Vec<String> = f.unreachable.iter().map(|(c, why)| format!("context {c}: {why}")).collect();
+    if f.regions.is_empty() && f.unreachable.is_empty() {
+        out.push("no RegionPeering found in any context".into());
+    }
+    for r in &f.regions {
+        if r.ready != "True" {
+            out.push(format!("{} ({}): Ready={} ({})", r.region, r.object, r.ready, r.reason));
+        }
+    }
+    for m in &f.mirrors {
+        let name = format!("{} -> {}", m.origin, m.peer);
+        if m.phase != "Watching" {
+            out.push(format!(
+                "{name}: phase {}{}",
+                m.phase,
+                m.last_error.as_ref().map(|e| format!(": {e}")).unwrap_or_default()
+            ));
+        } else if !m.synced {
+            out.push(format!("{name}: not synced"));
+        } else if !m.reachable {
+            out.push(format!("{name}: peer unreachable"));
+        }
+        if let Some(check) = &m.etcd {
+            out.extend(check.problems.iter().map(|p| format!("{name}: {p}")));
+        }
+    }
+    out
+}
+
+fn cell<T: ToString>(v: Option<T>) -> String {
+    v.map_or_else(|| "-".to_string(), |v| v.to_string())
+}
+
+/// The matrix as a table (pure).
+pub fn render_table(f: &Federation) -> String {
+    let mut rows = vec![
+        ["ORIGIN", "PEER", "PHASE", "SYNCED", "REACHABLE", "LAG", "KEYS", "TTL-LEFT", "ETCD", "CONTEXT"]
+            .map(String::from),
+    ];
+    for m in &f.mirrors {
+        let etcd = match &m.etcd {
+            None => "-".to_string(),
+            Some(c) if c.problems.is_empty() => format!("ok {}/{}", cell(c.peer_keys), cell(c.origin_keys)),
+            Some(c) => format!("{} problem(s)", c.problems.len()),
+        };
+        rows.push([
+            m.origin.clone(),
+            m.peer.clone(),
+            m.phase.clone(),
+            m.synced.to_string(),
+            m.reachable.to_string(),
+            cell(m.lag_seconds.map(|s| format!("{s}s"))),
+            m.keys.to_string(),
+            cell(m.lease_ttl_remaining_seconds.map(|s| format!("{s}s"))),
+            etcd,
+            m.context.clone(),
+        ]);
+    }
+    let widths: Vec<usize> = (0..rows[0].len()).map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0)).collect();
+    let mut out = String::new();
+    for r in &rows {
+        let line: Vec<String> = r.iter().zip(&widths).map(|(c, w)| format!("{c:<w$}")).collect();
+        let _ = writeln!(out, "{}", line.join("  ").trim_end());
+    }
+    let _ = writeln!(out);
+    for r in &f.regions {
+        let _ = writeln!(
+            out,
+            "region {} ({} in context {}): Ready={} ({}), leader {}",
+            r.region,
+            r.object,
+            r.context,
+            r.ready,
+            r.reason,
+            r.leader.as_deref().unwrap_or("none")
+        );
+    }
+    let problems = problems(f);
+    if problems.is_empty() {
+        let _ = writeln!(out, "\nhealthy: {} regions, {} mirrors", f.regions.len(), f.mirrors.len());
+    } else {
+        let _ = writeln!(out, "\nnot healthy:");
+        for p in problems {
+            let _ = writeln!(out, "  - {p}");
+        }
+    }
+    out
+}
+
+/// Reads every context's RegionPeerings (all namespaces, or `namespace`).
+pub async fn gather(
+    kubeconfig: &kube::config::Kubeconfig,
+    contexts: &[String],
+    namespace: Option<&str>,
+    check_etcd: bool,
+) -> Federation {
+    let mut f = Federation::default();
+    for context in contexts {
+        let listed = async {
+            let client = super::client_for(kubeconfig, Some(context)).await?;
+            let api: Api<RegionPeering> = match namespace {
+                Some(ns) => Api::namespaced(client.clone(), ns),
+                None => Api::all(client.clone()),
+            };
+            let list = tokio::time::timeout(Duration::from_secs(15), api.list(&ListParams::default()))
+                .await
+                .map_err(|_| anyhow::anyhow!("listing RegionPeerings timed out"))??;
+            anyhow::Ok((client, list.items))
+        }
+        .await;
+        match listed {
+            Err(e) => f.unreachable.push((context.clone(), format!("cannot list RegionPeerings: {e:#}"))),
+            Ok((client, items)) => {
+                for rp in items {
+                    let (region, mut mirrors) = rows(context, &rp);
+                    if check_etcd {
+                        check_peers(&client, &rp, &mut mirrors).await;
+                    }
+                    f.regions.push(region);
+                    f.mirrors.extend(mirrors);
+                }
+            }
+        }
+    }
+    f
+}
+
+/// Counts the origin's subtree on the origin and on each peer, and reads each peer's canary and
+/// checkpoint, with the RegionPeering's own credentials.
+async fn check_peers(client: &kube::Client, rp: &RegionPeering, mirrors: &mut [MirrorRow]) {
+    let namespace = rp.namespace().unwrap_or_default();
+    let origin = &rp.spec.region;
+    let origin_keys = match count_subtree(client, &namespace, &rp.spec.local_etcd, origin).await {
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("cannot count the origin's keys on the local etcd: {e:#}")),
+    };
+    let oversized = |peer: &str| {
+        rp.status
+            .as_ref()
+            .and_then(|s| s.peers.iter().find(|p| p.region == peer))
+            .map_or(0, |p| p.oversized_values.len() as i64)
+    };
+    for (row, peer) in mirrors.iter_mut().zip(&rp.spec.peers) {
+        let mut check = EtcdCheck { oversized: oversized(&peer.region), ..Default::default() };
+        match &origin_keys {
+            Ok(n) => check.origin_keys = Some(*n),
+            Err(e) => check.problems.push(e.clone()),
+        }
+        match read_peer(client, &namespace, &peer.connection(), origin).await {
+            Err(e) => check.problems.push(format!("cannot read the peer etcd: {e:#}")),
+            Ok((keys, canary, checkpoint)) => {
+                check.peer_keys = Some(keys);
+                check.canary_synced = canary;
+                check.checkpoint_revision = checkpoint.as_ref().map(|c| c.revision);
+                if canary != Some(true) {
+                    check.problems.push("the canary does not say synced".into());
+                }
+                if checkpoint.is_none() {
+                    check.problems.push("no checkpoint on the peer".into());
+                }
+                if let Some(expected) = check.origin_keys.map(|n| n - check.oversized)
+                    && expected != keys
+                {
+                    check.problems.push(format!(
+                        "the peer holds {keys} of the origin's keys, the origin {expected} (writes in flight show briefly)"
+                    ));
+                }
+            }
+        }
+        row.etcd = Some(check);
+    }
+}
+
+async fn connect(
+    client: &kube::Client,
+    namespace: &str,
+    connection: &crate::api::EtcdConnection,
+) -> anyhow::Result<etcd_client::Client> {
+    let access = resolve_connection(client, namespace, connection).await?;
+    tokio::time::timeout(Duration::from_secs(10), access.target.connect())
+        .await
+        .map_err(|_| anyhow::anyhow!("connecting timed out"))?
+        .map_err(Into::into)
+}
+
+async fn count_subtree(
+    client: &kube::Client,
+    namespace: &str,
+    connection: &crate::api::EtcdConnection,
+    origin: &str,
+) -> anyhow::Result<i64> {
+    let mut etcd = connect(client, namespace, connection).await?;
+    let resp = etcd.get(keys::region_prefix(origin), Some(GetOptions::new().with_prefix().with_count_only())).await?;
+    Ok(resp.count())
+}
+
+async fn read_peer(
+    client: &kube::Client,
+    namespace: &str,
+    connection: &crate::api::EtcdConnection,
+    origin: &str,
+) -> anyhow::Result<(i64, Option<bool>, Option<Checkpoint>)> {
+    let mut etcd = connect(client, namespace, connection).await?;
+    let keys_on_peer =
+        etcd.get(keys::region_prefix(origin), Some(GetOptions::new().with_prefix().with_count_only())).await?.count();
+    let canary = etcd.get(keys::canary_key(origin), None).await?;
+    let canary = canary
+        .kvs()
+        .first()
+        .and_then(|kv| serde_json::from_slice::<serde_json::Value>(kv.value()).ok())
+        .map(|v| v["synced"].as_bool() == Some(true));
+    let checkpoint = etcd.get(keys::checkpoint_key(origin), None).await?;
+    let checkpoint = checkpoint.kvs().first().and_then(|kv| Checkpoint::decode(kv.value()));
+    Ok((keys_on_peer, canary, checkpoint))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{PeerStatus, RegionPeeringStatus};
+
+    fn peering(peers: &[(&str, &str, bool)]) -> RegionPeering {
+        let mut rp: RegionPeering = serde_json::from_value(serde_json::json!({
+            "apiVersion": "federation.aether.dev/v1alpha1", "kind": "RegionPeering",
+            "metadata": {"name": "a", "namespace": "fed"},
+            "spec": {"region": "a", "localEtcd": {"endpoints": ["http://127.0.0.1:1"]},
+                     "peers": peers.iter().map(|(r, _, _)| serde_json::json!({"region": r, "endpoints": ["http://127.0.0.1:2"]})).collect::<Vec<_>>()}
+        }))
+        .unwrap();
+        let mut status = RegionPeeringStatus::default();
+        status.conditions.push(k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+            type_: "Ready".into(),
+            status: if peers.iter().all(|(_, p, s)| *p == "Watching" && *s) { "True" } else { "False" }.into(),
+            reason: "X".into(),
+            message: String::new(),
+            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Default::default()),
+            observed_generation: None,
+        });
+        for (region, phase, synced) in peers {
+            let mut p = PeerStatus {
+                region: region.to_string(),
+                phase: phase.to_string(),
+                reachable: true,
+                ..Default::default()
+            };
+            p.replication.synced = *synced;
+            p.replication.keys = 7;
+            status.peers.push(p);
+        }
+        rp.status = Some(status);
+        rp
+    }
+
+    #[test]
+    fn a_federation_is_healthy_only_when_every_mirror_watches_synced() {
+        let (region, mirrors) = rows("ctx-a", &peering(&[("b", "Watching", true), ("c", "Watching", true)]));
+        let healthy = Federation { regions: vec![region], mirrors, unreachable: vec![] };
+        assert!(problems(&healthy).is_empty(), "{:?}", problems(&healthy));
+        assert!(render_table(&healthy).contains("healthy: 1 regions, 2 mirrors"));
+
+        let (region, mirrors) = rows("ctx-a", &peering(&[("b", "Watching", true), ("c", "Backoff", false)]));
+        let degraded =
+            Federation { regions: vec![region], mirrors, unreachable: vec![("ctx-c".into(), "down".into())] };
+        let found = problems(&degraded);
+        assert!(found.iter().any(|p| p.contains("a -> c: phase Backoff")), "{found:?}");
+        assert!(found.iter().any(|p| p.contains("Ready=False")), "{found:?}");
+        assert!(found.iter().any(|p| p.contains("context ctx-c")), "{found:?}");
+        let table = render_table(&degraded);
+        assert!(
+            table.contains("not healthy") && table.lines().any(|l| l.starts_with("a") && l.contains("Backoff")),
+            "{table}"
+        );
+    }
+
+    #[test]
+    fn a_peer_named_in_spec_without_status_is_unknown_and_unhealthy() {
+        let mut rp = peering(&[("b", "Watching", true)]);
+        rp.spec.peers.push(
+            serde_json::from_value(serde_json::json!({"region": "d", "endpoints": ["http://127.0.0.1:3"]})).unwrap(),
+        );
+        let (region, mirrors) = rows("ctx", &rp);
+        assert_eq!(mirrors[1].phase, "Unknown");
+        let f = Federation { regions: vec![region], mirrors, unreachable: vec![] };
+        assert!(problems(&f).iter().any(|p| p.contains("a -> d")));
+    }
+
+    #[test]
+    fn an_etcd_check_that_found_problems_makes_the_federation_unhealthy() {
+        let (region, mut mirrors) = rows("ctx", &peering(&[("b", "Watching", true)]));
+        mirrors[0].etcd = Some(EtcdCheck { problems: vec!["no checkpoint on the peer".into()], ..Default::default() });
+        let f = Federation { regions: vec![region], mirrors, unreachable: vec![] };
+        assert_eq!(problems(&f), vec!["a -> b: no checkpoint on the peer".to_string()]);
+        assert!(Federation::default().regions.is_empty() && !problems(&Federation::default()).is_empty());
+    }
+}
