@@ -142,14 +142,15 @@ async fn a_namespaced_install_runs_on_the_charts_roles_and_ignores_other_namespa
         "a Role in the watched namespace"
     );
     kubectl(&apiserver, &["apply", "-f", rbac.to_str().unwrap()]);
-    let account = objects.iter().find(|o| o["kind"] == "ServiceAccount").expect("the chart's ServiceAccount")
-        ["metadata"]["name"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let account =
+        objects.iter().find(|o| o["kind"] == "ServiceAccount").expect("the chart's ServiceAccount")["metadata"]["name"]
+            .as_str()
+            .unwrap()
+            .to_string();
     let as_operator = format!("--as=system:serviceaccount:aether-system:{account}");
     for (ns, expected) in [(NS, "yes"), ("elsewhere", "no")] {
-        let out = apiserver.kubectl().unwrap().args(["auth", "can-i", "get", "secrets", "-n", ns, &as_operator]).output();
+        let out =
+            apiserver.kubectl().unwrap().args(["auth", "can-i", "get", "secrets", "-n", ns, &as_operator]).output();
         assert_eq!(String::from_utf8_lossy(&out.unwrap().stdout).trim(), expected, "get secrets in {ns}");
     }
 
@@ -160,7 +161,10 @@ async fn a_namespaced_install_runs_on_the_charts_roles_and_ignores_other_namespa
     // The same object in a namespace the operator was not given, created first.
     let mut outside: RegionPeering = serde_json::from_value(peering("outside", "a", &local, &[("b", &peer)])).unwrap();
     outside.metadata.namespace = Some("elsewhere".into());
-    Api::<RegionPeering>::namespaced(client.clone(), "elsewhere").create(&PostParams::default(), &outside).await.unwrap();
+    Api::<RegionPeering>::namespaced(client.clone(), "elsewhere")
+        .create(&PostParams::default(), &outside)
+        .await
+        .unwrap();
     let api: Api<RegionPeering> = Api::namespaced(client.clone(), NS);
     let inside: RegionPeering = serde_json::from_value(peering("a", "a", &local, &[("b", &peer)])).unwrap();
     api.create(&PostParams::default(), &inside).await.unwrap();
@@ -175,4 +179,88 @@ async fn a_namespaced_install_runs_on_the_charts_roles_and_ignores_other_namespa
     let log = std::fs::read_to_string(dir.path().join("op.log")).unwrap();
     assert!(log.contains("objects in any other namespace are ignored"), "{log}");
     assert!(log.contains("may not read CRDs"), "the CRD check falls back without cluster-wide reads: {log}");
+}
+
+/// `aether-operator doctor` as the admin: whether it passed, and its findings.
+fn doctor(apiserver: &KubeApiserver, name: &str) -> (bool, Vec<serde_json::Value>) {
+    let out = Command::new(env!("CARGO_BIN_EXE_aether-operator"))
+        .args(["doctor", name, "-n", NS, "-o", "json", "--kubeconfig"])
+        .arg(apiserver.kubeconfig())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let findings =
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text} {}", String::from_utf8_lossy(&out.stderr)));
+    (out.status.success(), findings)
+}
+
+fn found<'a>(findings: &'a [serde_json::Value], target: &str, check: &str) -> Vec<&'a serde_json::Value> {
+    findings.iter().filter(|f| f["target"] == target && f["check"] == check).collect()
+}
+
+#[tokio::test]
+async fn doctor_checks_a_least_privilege_mtls_peer_and_says_what_to_do() {
+    let (apiserver, origin, peer) = tokio::try_join!(
+        KubeApiserver::start("doctor"),
+        EtcdServer::start("doc-a"),
+        aether_harness::EtcdCluster::start_with("doc-b", aether_harness::ClusterOptions::new(1).with_tls())
+    )
+    .unwrap();
+    let client = apiserver.client().await.unwrap();
+    install_crds(&client).await.unwrap();
+    ensure_namespace(&client, NS).await.unwrap();
+    let root_tls = support::etcd::tls_for(&peer, "root");
+    let mut admin =
+        support::etcd::connect(&peer.endpoints(), Some(etcd_client::ConnectOptions::new().with_tls(root_tls))).await;
+    support::etcd::enable_auth_with_mirror_user(&mut admin, "a", "mirrorpw").await;
+    let cert = peer.client_cert("mirror-a").unwrap();
+    let secret = serde_json::json!({
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "peer-b", "namespace": NS},
+        "stringData": {
+            "ca.crt": std::fs::read_to_string(peer.ca_cert().unwrap()).unwrap(),
+            "tls.crt": std::fs::read_to_string(&cert.cert).unwrap(),
+            "tls.key": std::fs::read_to_string(&cert.key).unwrap(),
+            "username": "mirror-a", "password": "mirrorpw",
+        }
+    });
+    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), NS)
+        .create(&PostParams::default(), &serde_json::from_value(secret).unwrap())
+        .await
+        .unwrap();
+    let mut rp = peering("a", "a", &origin, &[]);
+    rp["spec"]["peers"] =
+        serde_json::json!([{"region": "b", "endpoints": peer.endpoints(), "tls": {"secretRef": {"name": "peer-b"}}}]);
+    create_json(&client, NS, rp).await.unwrap();
+
+    let (passed, findings) = doctor(&apiserver, "a");
+    assert!(passed, "{findings:#?}");
+    let level = |check: &str| {
+        found(&findings, "peer b", check).iter().map(|f| f["level"].as_str().unwrap().to_string()).collect::<Vec<_>>()
+    };
+    assert_eq!(level("connect"), ["Ok"]);
+    assert_eq!(level("certificate"), ["Ok", "Ok"], "the CA and the client certificate");
+    assert_eq!(level("write"), ["Ok", "Ok"], "its subtree and its checkpoint");
+    assert_eq!(level("least privilege"), ["Ok"], "region b's own subtree is refused");
+    assert_eq!(level("clock"), ["Ok"]);
+    let layout = found(&findings, "peer b", "lease layout");
+    assert_eq!(layout[0]["level"], "Warn", "1000 keys per lease under auth: {layout:?}");
+    assert!(layout[0]["action"].as_str().unwrap().contains("maxKeysPerLease"));
+    assert_eq!(level("version").len(), 1);
+    assert_eq!(found(&findings, "local etcd", "read")[0]["level"], "Ok");
+    // Nothing was written by the probes.
+    let mut o = support::etcd::connect(&[origin.endpoint()], None).await;
+    assert!(
+        o.get("/", Some(etcd_client::GetOptions::new().with_prefix().with_count_only())).await.unwrap().count() == 0
+    );
+
+    // A peer nobody answers for: a failure naming what to check, and a non-zero exit.
+    let mut gone = peering("gone", "c", &origin, &[]);
+    gone["spec"]["peers"] =
+        serde_json::json!([{"region": "d", "endpoints": [format!("http://127.0.0.1:{}", free_port())]}]);
+    create_json(&client, NS, gone).await.unwrap();
+    let (passed, findings) = doctor(&apiserver, "gone");
+    assert!(!passed);
+    let connect = found(&findings, "peer d", "connect");
+    assert_eq!(connect[0]["level"], "Fail", "{findings:#?}");
+    assert!(connect[0]["action"].as_str().unwrap().contains("endpoints"));
 }
