@@ -103,7 +103,8 @@ async fn metrics_are_served_over_https_only_to_scrapers_the_api_server_allows() 
 fn chart_rbac(namespaces: &str, dir: &Path) -> (std::path::PathBuf, Vec<serde_json::Value>) {
     let out = Command::new(tool_path("helm").unwrap())
         .args(["template", "aether", repo("charts/aether-federation").to_str().unwrap()])
-        .args(["--namespace", "aether-system", "--set", &format!("watchNamespaces={{{namespaces}}}")])
+        .args(["--namespace", "aether-system", "--kube-version", "1.35.0"])
+        .args(["--set", &format!("watchNamespaces={{{namespaces}}}")])
         .output()
         .unwrap();
     assert!(out.status.success(), "helm template: {}", String::from_utf8_lossy(&out.stderr));
