@@ -32,7 +32,7 @@ async fn main() -> anyhow::Result<()> {
     if args.get(1).map(String::as_str) == Some("worker") {
         return worker_process(&args[2..]).await;
     }
-    // `aether-bench [scenario...]`: sync, catchup, steady, leases, drain, operator; all by default.
+    // `aether-bench [scenario...]`: sync, catchup, steady, leases, drain, operator, fanout; all by default.
     let only: Vec<String> = args[1..].to_vec();
     let want = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
     let mut table = Table::default();
@@ -53,6 +53,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if want("operator") {
         bench_operator(&mut table).await?;
+    }
+    if want("fanout") {
+        bench_fanout(&mut table).await?;
     }
     println!("\n{}", table.render());
     Ok(())
@@ -206,46 +209,13 @@ async fn bench_sync(table: &mut Table) -> anyhow::Result<()> {
                 .map(|i| EtcdServer::start_with(if i == 0 { "bench-b" } else { "bench-c" }, EtcdFlavor::Default, &[])),
         )
         .await?;
-        let mut cmd = Command::new(std::env::current_exe()?);
-        cmd.arg("worker").arg(origin.endpoint());
-        for (i, t) in targets.iter().enumerate() {
-            cmd.arg(format!("{}={}", ["b", "c"][i], t.endpoint()));
-        }
-        let start = Instant::now();
-        let mut child = cmd.stdout(Stdio::piped()).spawn()?;
-        let pid = child.id();
-        let peak = Arc::new(Mutex::new(0u64));
-        let sampler = {
-            let peak = peak.clone();
-            std::thread::spawn(move || {
-                while let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
-                    if let Some(kb) = status
-                        .lines()
-                        .find(|l| l.starts_with("VmHWM:"))
-                        .and_then(|l| l.split_whitespace().nth(1))
-                        .and_then(|v| v.parse::<u64>().ok())
-                    {
-                        *peak.lock().unwrap() = kb;
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-            })
-        };
-        let stdout = child.stdout.take().expect("piped");
-        let mut synced = 0;
-        for line in std::io::BufReader::new(stdout).lines() {
-            if line?.starts_with("synced") {
-                synced += 1;
-                if synced == peers {
-                    break;
-                }
-            }
-        }
-        let elapsed = start.elapsed();
-        let rss_kb = *peak.lock().unwrap();
-        child.kill()?;
-        child.wait()?;
-        let _ = sampler.join();
+        let peer_names = ["b", "c"];
+        let specs: Vec<(String, String)> =
+            targets.iter().enumerate().map(|(i, t)| (peer_names[i].to_string(), t.endpoint())).collect();
+        let mut worker = WorkerProcess::start(&origin.endpoint(), &specs)?;
+        let elapsed = worker.wait_synced()?;
+        let rss_kb = worker.peak_kb();
+        drop(worker);
         for t in &targets {
             let tc = Client::connect([t.endpoint()], None).await?;
             anyhow::ensure!(count(&tc, &prefix).await == SYNC_KEYS as i64, "the mirror's copy is incomplete");
@@ -305,6 +275,140 @@ async fn bench_sync(table: &mut Table) -> anyhow::Result<()> {
             format!("{:.2}s; mirror reaches {:.0}%", raw.as_secs_f64(), 100.0 * mirror_rate / raw_rate),
         );
     }
+    Ok(())
+}
+
+/// The mirror under test as its own process (`aether-bench worker`), its peak RSS sampled.
+struct WorkerProcess {
+    child: std::process::Child,
+    lines: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+    peers: usize,
+    started: Instant,
+    peak: Arc<Mutex<u64>>,
+    sampler: Option<std::thread::JoinHandle<()>>,
+}
+
+/// A field of /proc/<pid>/status in KiB (VmHWM: peak, VmRSS: now).
+fn proc_kib(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find(|l| l.starts_with(field)).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok())
+}
+
+impl WorkerProcess {
+    fn start(origin: &str, peers: &[(String, String)]) -> anyhow::Result<Self> {
+        let mut cmd = Command::new(std::env::current_exe()?);
+        cmd.arg("worker").arg(origin);
+        for (name, endpoint) in peers {
+            cmd.arg(format!("{name}={endpoint}"));
+        }
+        let started = Instant::now();
+        let mut child = cmd.stdout(Stdio::piped()).spawn()?;
+        let pid = child.id();
+        let peak = Arc::new(Mutex::new(0u64));
+        let sampler = {
+            let peak = peak.clone();
+            std::thread::spawn(move || {
+                while let Some(kb) = proc_kib(pid, "VmHWM:") {
+                    *peak.lock().unwrap() = kb;
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            })
+        };
+        let lines = std::io::BufReader::new(child.stdout.take().expect("piped")).lines();
+        Ok(WorkerProcess { child, lines, peers: peers.len(), started, peak, sampler: Some(sampler) })
+    }
+
+    /// Time from start until every peer reported its initial sync complete.
+    fn wait_synced(&mut self) -> anyhow::Result<Duration> {
+        let mut synced = 0;
+        while synced < self.peers {
+            match self.lines.next() {
+                Some(line) => synced += usize::from(line?.starts_with("synced")),
+                None => anyhow::bail!("the worker process exited before every peer synced"),
+            }
+        }
+        Ok(self.started.elapsed())
+    }
+
+    fn peak_kb(&self) -> u64 {
+        *self.peak.lock().unwrap()
+    }
+
+    fn rss_kb(&self) -> u64 {
+        proc_kib(self.child.id(), "VmRSS:").unwrap_or(0)
+    }
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(sampler) = self.sampler.take() {
+            let _ = sampler.join();
+        }
+    }
+}
+
+const FANOUT_KEYS: usize = 10_000;
+const FANOUT_PEERS: usize = 15;
+
+/// One origin mirrored into 15 peers from one process (16 etcds), against the same with one peer:
+/// aggregate throughput, memory per worker while syncing and once idle.
+async fn bench_fanout(table: &mut Table) -> anyhow::Result<()> {
+    println!("fan-out: {FANOUT_KEYS} keys into 1 and {FANOUT_PEERS} peers from one process");
+    let prefix = keys::region_prefix("a");
+    let origin = EtcdServer::start("fan-origin").await?;
+    let oc = Client::connect([origin.endpoint()], None).await?;
+    fill(&oc, FANOUT_KEYS, "v1").await?;
+    let mut measured = Vec::new();
+    for peers in [1usize, FANOUT_PEERS] {
+        let names: Vec<String> = (0..peers).map(|i| format!("fan-{peers}-{i}")).collect();
+        let targets: Vec<EtcdServer> = futures::future::try_join_all(
+            names.iter().map(|name| EtcdServer::start_with(name, EtcdFlavor::Default, &[])),
+        )
+        .await?;
+        let specs: Vec<(String, String)> =
+            targets.iter().enumerate().map(|(i, t)| (format!("p{i}"), t.endpoint())).collect();
+        let mut worker = WorkerProcess::start(&origin.endpoint(), &specs)?;
+        let elapsed = worker.wait_synced()?;
+        let mut incomplete = 0;
+        for t in &targets {
+            let tc = Client::connect([t.endpoint()], None).await?;
+            if count(&tc, &prefix).await != FANOUT_KEYS as i64 {
+                incomplete += 1;
+            }
+        }
+        // Idle: several keepalive rounds and verification pages after the syncs.
+        tokio::time::sleep(Duration::from_secs(12)).await;
+        let (peak, idle) = (worker.peak_kb(), worker.rss_kb());
+        drop(worker);
+        let aggregate = rate(FANOUT_KEYS * peers, elapsed);
+        table.row(
+            &format!("fan-out {FANOUT_KEYS} keys, {peers} peer(s), one process"),
+            "this mirror",
+            format!("{aggregate:.0} keys/s aggregate"),
+            format!(
+                "{:.2}s, peak RSS {:.1} MiB, idle RSS {:.1} MiB{}",
+                elapsed.as_secs_f64(),
+                peak as f64 / 1024.0,
+                idle as f64 / 1024.0,
+                if incomplete == 0 { String::new() } else { format!(", {incomplete} peer(s) INCOMPLETE") }
+            ),
+        );
+        measured.push((aggregate, peak, idle));
+    }
+    let ((one_rate, one_peak, one_idle), (many_rate, many_peak, many_idle)) = (measured[0], measured[1]);
+    let per_worker = |many: u64, one: u64| many.saturating_sub(one) as f64 / 1024.0 / (FANOUT_PEERS - 1) as f64;
+    table.row(
+        &format!("fan-out {FANOUT_KEYS} keys, {FANOUT_PEERS} vs 1 peer"),
+        "per extra worker",
+        format!("{:.2} MiB idle", per_worker(many_idle, one_idle)),
+        format!(
+            "{:.2} MiB at peak; aggregate throughput {:.1}x one peer's",
+            per_worker(many_peak, one_peak),
+            many_rate / one_rate
+        ),
+    );
     Ok(())
 }
 
