@@ -14,7 +14,6 @@ use std::time::Duration;
 use support::operator::*;
 use support::*;
 
-
 #[tokio::test]
 async fn the_operator_runs_as_its_service_account_and_follows_the_spec() {
     let (apiserver, a, b, c) = tokio::try_join!(
@@ -145,7 +144,6 @@ async fn the_operator_runs_as_its_service_account_and_follows_the_spec() {
     assert_eq!(condition(&rp, "Ready").unwrap().1, "Suspended");
     wait_until("suspended mirror lapses", WAIT, || async { Ok(mirrored(&b, "a").await == 0) }).await.unwrap();
 }
-
 
 #[tokio::test]
 async fn without_crds_the_operator_says_how_to_install_them() {

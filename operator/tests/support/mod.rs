@@ -40,7 +40,11 @@ pub fn service_account_kubeconfig(
 }
 
 /// A one-hour token of a ServiceAccount.
-pub fn service_account_token(apiserver: &aether_harness::KubeApiserver, namespace: &str, service_account: &str) -> String {
+pub fn service_account_token(
+    apiserver: &aether_harness::KubeApiserver,
+    namespace: &str,
+    service_account: &str,
+) -> String {
     kubectl(apiserver, &["create", "token", service_account, "-n", namespace, "--duration", "1h"]).trim().to_string()
 }
 
