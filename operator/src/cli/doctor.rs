@@ -457,7 +457,7 @@ mod tests {
         params.not_after = rcgen::date_time_ymd(2031, 7, 14);
         let cert = params.self_signed(&key).unwrap();
         // 2031-07-14T00:00:00Z
-        assert_eq!(not_after(cert.der()), Some(1_941_840_000));
+        assert_eq!(not_after(cert.der()), Some(1_941_753_600));
         params.not_after = rcgen::date_time_ymd(2051, 1, 2); // GeneralizedTime from 2050 on
         let cert = params.self_signed(&key).unwrap();
         assert_eq!(not_after(cert.der()), Some(2_556_230_400));
