@@ -541,3 +541,67 @@ async fn randomized_writes_and_restarts_converge() {
     handle.shutdown().await;
     let _ = PutOptions::new();
 }
+
+/// Counts the puts the peer receives under the origin's subtree.
+fn count_peer_puts(peer: Client) -> std::sync::Arc<std::sync::atomic::AtomicUsize> {
+    let puts = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = puts.clone();
+    tokio::spawn(async move {
+        let mut peer = peer;
+        let options = WatchOptions::new().with_prefix();
+        let mut stream = peer.watch(keys::region_prefix("a"), Some(options)).await.expect("watch the peer");
+        while let Ok(Some(resp)) = stream.message().await {
+            let n = resp.events().iter().filter(|e| e.event_type() == EventType::Put).count();
+            counter.fetch_add(n, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    puts
+}
+
+#[tokio::test]
+async fn a_shard_past_the_cap_splits_online_without_a_resync_and_moves_few_keys() {
+    let pair = pair().await;
+    let mut cfg = config("w1");
+    cfg.max_keys_per_lease = 50;
+    let (handle, _events) = start(cfg, &pair);
+    wait_synced(&handle).await;
+    let mut p = client(&pair.peer).await;
+    let puts = count_peer_puts(p.clone());
+    // Growth from empty to 600 keys, 10 at a time as the mirror keeps up: the one shard splits
+    // again and again.
+    let mut o = client(&pair.origin).await;
+    for chunk in 0..60 {
+        write_keys(&mut o, "a", chunk * 10..(chunk + 1) * 10, "v1").await;
+        converged(&pair).await;
+    }
+    let health = handle.health();
+    assert_eq!(health.resyncs, 0, "no resync: {health:?}");
+    assert!(health.shard_splits >= 4, "the shard split as the subtree grew: {health:?}");
+    // Every key sits on the lease the recorded layout names, and no lease carries more than the cap.
+    wait_until("every split complete", DEADLINE, || {
+        let mut p = p.clone();
+        async move {
+            let resp = p.get(keys::checkpoint_key("a"), None).await?;
+            let cp = mirror::checkpoint::Checkpoint::decode(resp.kvs()[0].value()).expect("checkpoint decodes");
+            let layout = mirror::shards::Layout::recorded(&cp.slots, cp.leases.len());
+            let mut per_lease: HashMap<i64, usize> = HashMap::new();
+            let mut misplaced = 0;
+            for (key, (_, lease)) in subtree(&mut p, &keys::region_prefix("a")).await {
+                misplaced += usize::from(cp.leases[layout.shard_of(&key)] != lease);
+                *per_lease.entry(lease).or_default() += 1;
+            }
+            let done = misplaced == 0 && per_lease.values().all(|n| *n <= 50) && per_lease.len() == cp.leases.len();
+            anyhow::ensure!(done, "misplaced {misplaced}, keys per lease {per_lease:?}, recorded leases {:?}", cp.leases);
+            Ok(true)
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}; health: {:?}", handle.health()));
+    // A split moves part of one shard (at most the cap and what arrived meanwhile), never the
+    // whole subtree as a resync would.
+    let moved = puts.load(std::sync::atomic::Ordering::SeqCst).saturating_sub(600);
+    let splits = handle.health().shard_splits as usize;
+    assert!(moved <= splits * (50 + 10), "{moved} keys moved in {splits} splits");
+    let _ = p.status().await;
+    handle.shutdown().await;
+}

@@ -16,8 +16,12 @@ pub struct Checkpoint {
     pub owner: String,
     /// The origin revision the peer holds completely (0 before the first complete sync).
     pub revision: i64,
-    /// The lease id of each shard; a key's shard is `shard_of(key, leases.len())`.
+    /// The lease id of each shard.
     pub leases: Vec<i64>,
+    /// Each shard's share of the key space once shards were split (aligned with `leases`);
+    /// empty for a uniform layout, where a key's shard is its hash modulo `leases.len()`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub slots: Vec<super::shards::Slot>,
     /// Keys on each shard's lease.
     pub keys: Vec<i64>,
     /// Whether the peer held a complete snapshot at `revision`.
@@ -95,12 +99,22 @@ mod tests {
             owner: "a/1".into(),
             revision: 42,
             leases: vec![7, 8],
+            slots: vec![],
             keys: vec![3, 4],
             synced: true,
             retiring: vec![],
             origin_cluster_id: 9,
         };
         assert_eq!(Checkpoint::decode(&c.encode()), Some(c.clone()));
+        assert!(!String::from_utf8(c.encode()).unwrap().contains("slots"), "a uniform layout records no slots");
+        let split = Checkpoint {
+            slots: vec![
+                super::super::shards::Slot { depth: 1, index: 0 },
+                super::super::shards::Slot { depth: 1, index: 1 },
+            ],
+            ..c.clone()
+        };
+        assert_eq!(Checkpoint::decode(&split.encode()), Some(split.clone()));
         assert_eq!(c.total_keys(), 7);
         assert_eq!(Checkpoint::decode(b"not json"), None);
         let p = Progress { owner: "a/1".into(), revision: 1 << 40 };

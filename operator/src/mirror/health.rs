@@ -85,6 +85,8 @@ pub struct PeerHealth {
     /// observe the rounds they have not seen yet.
     pub keepalive_rtts: std::collections::VecDeque<f64>,
     pub keepalive_rounds: u64,
+    /// Lease shards split online because they passed the cap.
+    pub shard_splits: u64,
 }
 
 /// Round-trip samples a health snapshot keeps; far more than happen between two refreshes.
@@ -120,6 +122,7 @@ impl PeerHealth {
             lease_ttl_seconds,
             keepalive_rtts: Default::default(),
             keepalive_rounds: 0,
+            shard_splits: 0,
             leases: 0,
             last_applied_revision: 0,
             last_seen_revision: 0,

@@ -4,6 +4,7 @@
 use super::worker::Shared;
 use super::{EtcdTarget, MirrorConfig};
 use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use tokio::sync::mpsc;
@@ -50,7 +51,7 @@ impl Keeper {
         let ids = leases.clone();
         let task = tokio::spawn(
             async move {
-                let mut slots: Vec<Option<(LeaseKeeper, LeaseKeepAliveStream)>> = ids.iter().map(|_| None).collect();
+                let mut stream: Option<(LeaseKeeper, LeaseKeepAliveStream)> = None;
                 let mut client: Option<Client> = None;
                 let mut reported_lost: Vec<i64> = Vec::new();
                 let mut cluster: Option<u64> = None;
@@ -73,13 +74,13 @@ impl Keeper {
                                 Err(_) => vec![Err("status timed out".to_string())],
                             }
                         }
-                        Some(c) => {
-                            let calls = slots
-                                .iter_mut()
-                                .zip(&ids)
-                                .map(|(slot, id)| keep_alive_once(c.clone(), slot, *id, round_timeout));
-                            futures::future::join_all(calls).await
-                        }
+                        Some(c) => match keep_alive_round(&mut c.clone(), &mut stream, &ids, round_timeout).await {
+                            Ok(answers) => ids
+                                .iter()
+                                .map(|id| answers.get(id).copied().ok_or_else(|| format!("lease {id}: no answer")))
+                                .collect(),
+                            Err(e) => vec![Err(e)],
+                        },
                     };
                     let mut min_ttl: Option<i64> = None;
                     let mut failed = false;
@@ -119,7 +120,7 @@ impl Keeper {
                     if failed {
                         // Reconnect next round: the members that answer may have changed.
                         client = None;
-                        slots.iter_mut().for_each(|s| *s = None);
+                        stream = None;
                         shared.update(|h| h.keepalive_failures += 1);
                         shared.detector_evaluate();
                     } else {
@@ -147,49 +148,75 @@ impl Keeper {
     }
 }
 
-/// One keepalive round trip for one lease: Ok((ttl, cluster id)) (a TTL of 0 or less means the
-/// lease is gone).
-async fn keep_alive_once(
-    mut client: Client,
-    slot: &mut Option<(LeaseKeeper, LeaseKeepAliveStream)>,
-    id: i64,
+/// A keepalive request of the stream's own type (etcd-client does not name it): the protocol
+/// carries any lease id on one stream, so one stream keeps every lease of the mirror alive.
+fn request_for<T: Default>(_: &tokio::sync::mpsc::Sender<T>) -> T {
+    T::default()
+}
+
+/// One keepalive round for every lease over one multiplexed stream: (ttl, cluster id) per lease
+/// id answered (a TTL of 0 or less means the lease is gone). A failed round drops the stream.
+async fn keep_alive_round(
+    client: &mut Client,
+    stream: &mut Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+    ids: &[i64],
     timeout: Duration,
-) -> Result<(i64, u64), String> {
+) -> Result<HashMap<i64, (i64, u64)>, String> {
     let round = async {
-        if let Some((keeper, stream)) = slot.as_mut() {
-            keeper.keep_alive().await.map_err(|e| e.to_string())?;
-            match stream.message().await {
-                Ok(Some(resp)) => return Ok((resp.ttl(), cluster_of(&resp))),
-                Ok(None) => return Err("keepalive stream closed".to_string()),
-                Err(e) if is_lease_not_found(&e) => return Ok((0, 0)),
-                Err(e) => return Err(e.to_string()),
+        let mut answers: HashMap<i64, (i64, u64)> = HashMap::new();
+        // Opening the stream sends a first keepalive for one lease; a lease found gone there is
+        // an error, so the next one opens it.
+        if stream.is_none() {
+            for id in ids {
+                match client.lease_keep_alive(*id).await {
+                    Ok(pair) => {
+                        *stream = Some(pair);
+                        break;
+                    }
+                    Err(e) if is_lease_not_found(&e) => {
+                        answers.insert(*id, (0, 0));
+                    }
+                    Err(e) => return Err(e.to_string()),
+                }
             }
         }
-        // Opening a stream sends a first keepalive and consumes its answer (an expired lease is
-        // an error); one more round trip reads the TTL.
-        let (mut keeper, mut stream) = match client.lease_keep_alive(id).await {
-            Ok(pair) => pair,
-            Err(e) if is_lease_not_found(&e) => return Ok((0, 0)),
-            Err(e) => return Err(e.to_string()),
+        let Some((keeper, responses)) = stream.as_mut() else { return Ok(answers) };
+        let wanted: Vec<i64> = ids.iter().copied().filter(|id| !answers.contains_key(id)).collect();
+        let send = async {
+            for id in &wanted {
+                let mut request = request_for(&keeper.sender);
+                request.id = *id;
+                keeper.sender.send(request).await.map_err(|e| format!("keepalive stream closed: {e}"))?;
+            }
+            Ok::<(), String>(())
         };
-        keeper.keep_alive().await.map_err(|e| e.to_string())?;
-        let answer = match stream.message().await {
-            Ok(Some(resp)) => (resp.ttl(), cluster_of(&resp)),
-            Ok(None) => return Err("keepalive stream closed".to_string()),
-            Err(e) if is_lease_not_found(&e) => return Ok((0, 0)),
-            Err(e) => return Err(e.to_string()),
+        // Read while sending: thousands of answers must not wait behind flow control.
+        let receive = async {
+            let mut answered = 0;
+            while answered < wanted.len() {
+                match responses.message().await {
+                    Ok(Some(resp)) => {
+                        if answers.insert(resp.id(), (resp.ttl(), cluster_of(&resp))).is_none() {
+                            answered += 1;
+                        }
+                    }
+                    Ok(None) => return Err("keepalive stream closed".to_string()),
+                    Err(e) => return Err(e.to_string()),
+                }
+            }
+            Ok(())
         };
-        *slot = Some((keeper, stream));
-        Ok(answer)
+        futures::future::try_join(send, receive).await?;
+        Ok(answers)
     };
     match tokio::time::timeout(timeout, round).await {
-        Ok(Ok(answer)) => Ok(answer),
+        Ok(Ok(answers)) => Ok(answers),
         Ok(Err(e)) => {
-            *slot = None;
+            *stream = None;
             Err(e)
         }
         Err(_) => {
-            *slot = None;
+            *stream = None;
             Err(format!("keepalive timed out after {timeout:?}"))
         }
     }

@@ -25,6 +25,7 @@ pub mod resume;
 pub mod retire;
 mod session;
 pub mod shards;
+mod split;
 mod sync;
 pub mod target;
 pub mod verify;

@@ -69,6 +69,8 @@ pub struct OriginStatus {
 pub struct Resume {
     /// One lease per shard, 0 where the recorded lease is gone (empty: no layout yet).
     pub leases: Vec<i64>,
+    /// The recorded split layout (empty: uniform).
+    pub slots: Vec<super::shards::Slot>,
     pub keys: Vec<i64>,
     /// Leases of an earlier layout that are still alive and may hold keys.
     pub retiring: Vec<i64>,
@@ -92,6 +94,7 @@ pub fn decide_resume(
     let Some(cp) = checkpoint.filter(|cp| !cp.leases.is_empty()) else {
         return Resume {
             leases: Vec::new(),
+            slots: Vec::new(),
             keys: Vec::new(),
             retiring: Vec::new(),
             applied: 0,
@@ -124,7 +127,14 @@ pub fn decide_resume(
     } else {
         pending
     };
-    Resume { leases, keys, retiring, applied: if resync.is_some() { 0 } else { recorded }, resync }
+    Resume {
+        leases,
+        slots: cp.slots.clone(),
+        keys,
+        retiring,
+        applied: if resync.is_some() { 0 } else { recorded },
+        resync,
+    }
 }
 
 #[cfg(test)]
@@ -194,6 +204,7 @@ mod tests {
             revision,
             keys: vec![1; leases.len()],
             leases,
+            slots: vec![],
             synced,
             retiring: vec![],
             origin_cluster_id: cluster,

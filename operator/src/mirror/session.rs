@@ -90,6 +90,7 @@ impl Worker {
 
         let epoch = self.acquire(&peer, records.owner.as_ref(), generation, resume.applied).await?;
         state.ownership = Ownership { epoch: Some(epoch), generation, take_over: false };
+        state.layout = super::shards::Layout::recorded(&resume.slots, resume.leases.len());
         state.leases = resume.leases;
         state.keys = resume.keys;
         state.retiring = resume.retiring;
@@ -133,7 +134,7 @@ impl Worker {
                     }
                 }
             }
-            match self.watch(&mut local, &mut peer, state, lost_rx, backoff).await? {
+            match self.watch(&mut local, &mut peer, state, lost_tx, lost_rx, backoff).await? {
                 WatchEnd::Shutdown => return Ok(SessionEnd::Shutdown),
                 WatchEnd::Fenced(by) => return Ok(SessionEnd::Fenced(by)),
                 WatchEnd::Resync(cause) => {

@@ -1,6 +1,7 @@
 //! Lease sharding, without IO. Each key's lease is chosen by a stable hash of the key, so a key
-//! stays on its lease until a lease is lost or the keys are resharded, and a new leader computes
-//! the same placement from the checkpoint alone. etcd before 3.5.10 pays time linear in a lease's
+//! stays on its lease until a lease is lost or its shard is split, and a new leader computes the
+//! same placement from the checkpoint alone. A shard past the cap is split online in two
+//! (extendible hashing): only about half of its keys move, while the watch goes on. etcd before 3.5.10 pays time linear in a lease's
 //! keys on every attached put (etcd issue 15993), so no lease should carry too many keys.
 
 /// Shards for `keys` keys: a power of two that keeps the expected load at half the cap or less,
@@ -18,8 +19,7 @@ pub fn shard_count_fits(current: usize, keys: u64, max_keys_per_lease: u64) -> b
     current >= wanted && current <= wanted.saturating_mul(8)
 }
 
-/// The shard of a key: FNV-1a, stable across processes and versions.
-/// Whether a shard holds more keys than the cap: the watch's trigger for a reshard.
+/// Whether a shard holds more keys than the cap: the sync's trigger for a reshard.
 pub fn overfull(keys_per_shard: &[i64], max_keys_per_lease: u64) -> bool {
     keys_per_shard.iter().any(|n| *n > 0 && *n as u64 > max_keys_per_lease)
 }
@@ -32,18 +32,184 @@ pub fn needs_reshard(current: usize, keys_per_shard: &[i64], total_keys: u64, ma
         || !shard_count_fits(current, total_keys, max_keys_per_lease)
 }
 
+/// The shard of a key among `shards` by hash modulo their count (a uniform layout).
 pub fn shard_of(key: &[u8], shards: usize) -> usize {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in key {
-        hash ^= u64::from(*byte);
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    (key_hash(key) % shards.max(1) as u64) as usize
+}
+
+/// One lease's share of the key space: the keys whose hash, modulo 2^depth, is `index`
+/// (extendible hashing). A uniform layout of 2^d shards is every index at depth d; splitting a
+/// shard makes two at depth + 1, one keeping its lease and half its keys.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct Slot {
+    pub depth: u8,
+    pub index: u64,
+}
+
+/// Which shard each key belongs to: slots aligned with the worker's leases.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Layout {
+    slots: Vec<Slot>,
+    by_slot: std::collections::HashMap<Slot, usize>,
+    /// The depths present, deepest first.
+    depths: Vec<u8>,
+}
+
+impl Layout {
+    /// `count` shards by hash modulo `count` (a power of two, as `shard_count` gives).
+    pub fn uniform(count: usize) -> Layout {
+        let count = count.max(1).next_power_of_two();
+        let depth = count.trailing_zeros() as u8;
+        Layout::from_slots((0..count as u64).map(|index| Slot { depth, index }).collect())
     }
-    (hash % shards.max(1) as u64) as usize
+
+    pub fn from_slots(slots: Vec<Slot>) -> Layout {
+        let by_slot = slots.iter().enumerate().map(|(i, s)| (*s, i)).collect();
+        let mut depths: Vec<u8> = slots.iter().map(|s| s.depth).collect();
+        depths.sort_unstable_by(|a, b| b.cmp(a));
+        depths.dedup();
+        Layout { slots, by_slot, depths }
+    }
+
+    /// The layout a checkpoint records: its slots, or (recorded before splits existed, or
+    /// uniform) `leases` shards by hash modulo their count.
+    pub fn recorded(slots: &[Slot], leases: usize) -> Layout {
+        if slots.len() == leases && leases > 0 { Layout::from_slots(slots.to_vec()) } else { Layout::uniform(leases) }
+    }
+
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    pub fn slots(&self) -> &[Slot] {
+        &self.slots
+    }
+
+    /// Whether shard j is index j at one depth, as `uniform` lays them out (a checkpoint then
+    /// need not list the slots). Splits append shards, so equal depths alone do not say it.
+    pub fn is_uniform(&self) -> bool {
+        self.depths.len() <= 1 && self.slots.iter().enumerate().all(|(j, slot)| slot.index == j as u64)
+    }
+
+    /// The shard a key belongs to.
+    pub fn shard_of(&self, key: &[u8]) -> usize {
+        let hash = key_hash(key);
+        for depth in &self.depths {
+            let slot = Slot { depth: *depth, index: hash & mask(*depth) };
+            if let Some(shard) = self.by_slot.get(&slot) {
+                return *shard;
+            }
+        }
+        0 // not reached for a layout that covers the key space, as every layout here does
+    }
+
+    /// Splits `shard` in two: it keeps the keys whose next hash bit is 0; the new shard,
+    /// appended (its index returned), takes the others.
+    pub fn split(&mut self, shard: usize) -> usize {
+        let Slot { depth, index } = self.slots[shard];
+        let mut slots = self.slots.clone();
+        slots[shard] = Slot { depth: depth + 1, index };
+        slots.push(Slot { depth: depth + 1, index: index | (1u64 << depth) });
+        *self = Layout::from_slots(slots);
+        self.slots.len() - 1
+    }
+}
+
+fn mask(depth: u8) -> u64 {
+    if depth >= 64 { u64::MAX } else { (1u64 << depth) - 1 }
+}
+
+/// FNV-1a, stable across processes and versions.
+fn key_hash(key: &[u8]) -> u64 {
+    key.iter().fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// The first shard holding more keys than the cap: the one to split.
+pub fn overfull_shard(keys_per_shard: &[i64], max_keys_per_lease: u64) -> Option<usize> {
+    keys_per_shard.iter().position(|n| *n > 0 && *n as u64 > max_keys_per_lease)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn endpoint(i: u64) -> Vec<u8> {
+        format!(
+            "/aether/v1/regions/a/clusters/c{}/services/s{}/protocols/tcp/endpoints/10.{}.{}.{}",
+            i % 7,
+            i % 97,
+            (i >> 16) & 255,
+            (i >> 8) & 255,
+            i & 255
+        )
+        .into_bytes()
+    }
+
+    #[test]
+    fn a_uniform_layout_places_keys_as_recorded_before_splits_existed() {
+        for count in [1usize, 2, 32, 2048] {
+            let layout = Layout::uniform(count);
+            for i in 0..2_000 {
+                assert_eq!(layout.shard_of(&endpoint(i)), shard_of(&endpoint(i), count));
+            }
+        }
+        assert_eq!(Layout::recorded(&[], 16), Layout::uniform(16), "a checkpoint without slots is uniform");
+    }
+
+    #[test]
+    fn a_split_moves_only_part_of_the_split_shards_keys() {
+        let mut layout = Layout::uniform(4);
+        let before: Vec<usize> = (0..20_000).map(|i| layout.shard_of(&endpoint(i))).collect();
+        let new = layout.split(2);
+        assert_eq!(new, 4);
+        assert!(!layout.is_uniform());
+        let mut moved = 0;
+        for (i, old) in before.iter().enumerate() {
+            let now = layout.shard_of(&endpoint(i as u64));
+            if *old != 2 {
+                assert_eq!(now, *old, "a key of another shard stays");
+            } else {
+                assert!(now == 2 || now == 4);
+                moved += usize::from(now == 4);
+            }
+        }
+        let in_shard = before.iter().filter(|s| **s == 2).count();
+        assert!(moved > in_shard / 3 && moved < in_shard * 2 / 3, "about half moves: {moved} of {in_shard}");
+        assert_eq!(Layout::recorded(layout.slots(), 5), layout, "the recorded slots give the same layout back");
+        // Split back to one depth, the shards are not in index order: still not uniform.
+        for shard in [0, 1, 3] {
+            layout.split(shard);
+        }
+        assert!(!layout.is_uniform(), "{:?}", layout.slots());
+        assert!(Layout::uniform(8).is_uniform());
+    }
+
+    #[test]
+    fn repeated_splits_keep_every_key_placed_and_under_the_cap() {
+        let cap = 1_000i64;
+        let keys: Vec<Vec<u8>> = (0..40_000).map(endpoint).collect();
+        let mut layout = Layout::uniform(1);
+        loop {
+            let mut counts = vec![0i64; layout.len()];
+            for k in &keys {
+                counts[layout.shard_of(k)] += 1;
+            }
+            match overfull_shard(&counts, cap as u64) {
+                Some(shard) => {
+                    layout.split(shard);
+                }
+                None => {
+                    assert!(counts.iter().all(|n| *n <= cap));
+                    assert!(layout.len() <= 4 * 40, "{} shards for 40 full ones", layout.len());
+                    break;
+                }
+            }
+        }
+    }
 
     #[test]
     fn shard_counts_grow_with_keys() {

@@ -10,7 +10,7 @@ use super::health::{MirrorEvent, Phase, ResyncCause};
 use super::keepalive::KeeperSignal;
 use super::plan::{Kv, SyncBatcher, enforce_request_limit, merge_step, next_page_limit};
 use super::session::Applied;
-use super::shards::{needs_reshard, shard_count, shard_of};
+use super::shards::{Layout, needs_reshard, shard_count};
 use super::target::kv;
 use super::worker::{State, Worker};
 use crate::keys;
@@ -66,6 +66,10 @@ impl Worker {
             }
             state.leases = vec![0; shards];
             state.keys = vec![0; shards];
+            state.layout = Layout::uniform(shards);
+        }
+        if state.layout.len() != state.leases.len() {
+            state.layout = Layout::uniform(state.leases.len());
         }
         // Grant the missing leases together: one round trip, not one per shard.
         let missing: Vec<usize> = (0..state.leases.len()).filter(|s| state.leases[*s] == 0).collect();
@@ -87,6 +91,7 @@ impl Worker {
         }
 
         let shards = state.leases.len();
+        let layout = state.layout.clone();
         let leases = state.leases.clone();
         let mut batcher = SyncBatcher::new(self.limits(state));
         let mut counts = vec![0i64; shards];
@@ -112,7 +117,7 @@ impl Worker {
                     .await?;
                 origin_done = !page.more();
                 for kv in page.kvs() {
-                    counts[shard_of(kv.key(), shards)] += 1;
+                    counts[layout.shard_of(kv.key())] += 1;
                 }
                 origin_buf.extend(page_kvs(page));
                 if let Some(last) = origin_buf.back() {
@@ -134,14 +139,14 @@ impl Worker {
                 origin_done,
                 &mut peer_buf,
                 peer_done,
-                |key| shard_of(key, shards),
+                |key| layout.shard_of(key),
                 |shard| leases[shard],
                 &mut ops,
             );
             for op in ops.drain(..) {
                 let (op, too_large) = enforce_request_limit(op, self.config.max_request_bytes, RESERVED_REQUEST_BYTES);
                 if let Some(o) = too_large {
-                    counts[shard_of(o.key.as_bytes(), shards)] -= 1;
+                    counts[layout.shard_of(o.key.as_bytes())] -= 1;
                     oversized.push(o);
                 }
                 if let Some(batch) = batcher.push(op) {

@@ -10,7 +10,8 @@ use super::health::{MirrorEvent, Phase, ResyncCause};
 use super::keepalive::KeeperSignal;
 use super::plan::{MirrorOp, Revision, SyncBatcher, WatchBatch, enforce_request_limit, next_watch_batch};
 use super::session::{Applied, WatchEnd};
-use super::shards::{overfull, shard_of};
+use super::shards::overfull_shard;
+use super::split::{Moving, Step, retarget};
 use super::sync::{RESERVED_REQUEST_BYTES, page_kvs};
 use super::verify::{advance, page_range, repairs};
 use super::worker::{State, Worker};
@@ -40,6 +41,7 @@ impl Worker {
         local: &mut Client,
         peer: &mut Client,
         state: &mut State,
+        lost_tx: &mpsc::Sender<KeeperSignal>,
         lost_rx: &mut mpsc::Receiver<KeeperSignal>,
         backoff: &mut super::backoff::Backoff,
     ) -> anyhow::Result<WatchEnd> {
@@ -54,7 +56,6 @@ impl Worker {
         self.shared.update(|h| h.phase = Phase::Watching);
 
         let epoch = state.ownership.epoch.ok_or_else(|| anyhow!("watch without ownership"))?;
-        let shards = state.leases.len();
         let limits = self.limits(state);
         let stall_after = (self.config.progress_interval * 4).max(self.config.rpc_timeout);
         let mut pending: VecDeque<Revision> = VecDeque::new();
@@ -72,8 +73,13 @@ impl Worker {
         verify_ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         verify_ticker.reset();
         let mut verify_due = false;
+        // A split shard whose keys are still moving to their new lease.
+        let mut moving: Option<Moving> = None;
 
         loop {
+            // Keys move only between batches: a move re-puts what it read, so no batch may be
+            // in flight, nor a revision half applied.
+            let can_move = moving.is_some() && inflight.is_none() && !fragment_open && split == 0;
             let room = pending_ops < self.config.max_pending_ops && pending_bytes < self.config.max_pending_bytes;
             if !room {
                 last_message = Instant::now();
@@ -131,10 +137,6 @@ impl Worker {
                         h.ops += batch.ops.len() as u64;
                         h.pending_since = oldest_pending;
                     });
-                    // A shard past the cap: the sync reshards on the same counts (see `needs_reshard`).
-                    if overfull(&state.keys, self.config.max_keys_per_lease) {
-                        return Ok(WatchEnd::Resync(ResyncCause::Reshard));
-                    }
                 }
                 // A fragmented response is read to its end even past the bounds: nothing can be
                 // applied before it is complete.
@@ -166,7 +168,7 @@ impl Worker {
                             let Some(kv) = event.kv() else { continue };
                             let revision = kv.mod_revision();
                             newest = revision;
-                            let shard = shard_of(kv.key(), shards);
+                            let shard = state.layout.shard_of(kv.key());
                             let (op, delta) = match event.event_type() {
                                 // Version 1: the key was created (or re-created) at this revision.
                                 EventType::Put => (
@@ -211,6 +213,7 @@ impl Worker {
                     }
                 }
                 _ = verify_ticker.tick(), if verifying => verify_due = true,
+                _ = std::future::ready(()), if can_move => {}
                 _ = ticker.tick() => {
                     // Not reading (the pending bounds are reached) is not a stalled watch.
                     if room && last_message.elapsed() > stall_after {
@@ -243,6 +246,32 @@ impl Worker {
                 verify_due = false;
                 if let Some(by) = self.verify_page(local, peer, state, epoch).await? {
                     return Ok(WatchEnd::Fenced(by));
+                }
+            }
+            // A shard past the cap splits, online; its keys then move a batch at a time.
+            if moving.is_none()
+                && inflight.is_none()
+                && !fragment_open
+                && split == 0
+                && let Some(shard) = overfull_shard(&state.keys, self.config.max_keys_per_lease)
+            {
+                match self.split_shard(peer, state, epoch, shard, lost_tx).await? {
+                    Step::Fenced(by) => return Ok(WatchEnd::Fenced(by)),
+                    Step::Done(started) => {
+                        retarget(pending.iter_mut().zip(pending_meta.iter_mut().map(|m| &mut m.deltas)), &state.layout);
+                        moving = Some(started);
+                    }
+                }
+            }
+            if inflight.is_none()
+                && !fragment_open
+                && split == 0
+                && let Some(split_moving) = moving.as_mut()
+            {
+                match self.move_batch(peer, state, epoch, split_moving).await? {
+                    Step::Fenced(by) => return Ok(WatchEnd::Fenced(by)),
+                    Step::Done(true) => moving = None,
+                    Step::Done(false) => {}
                 }
             }
             // While a fragmented response is incomplete, its last revision may be partial.
@@ -293,9 +322,9 @@ impl Worker {
         let peer_kvs: Vec<_> = page_kvs(peer_page).collect();
         let peer_last = peer_kvs.last().map(|kv| kv.key.clone());
         let (end, origin) = page_range(origin, origin_more, peer_last.as_deref(), peer_more, &subtree_end);
-        let shards = state.leases.len();
+        let layout = state.layout.clone();
         let leases = state.leases.clone();
-        let ops = repairs(origin, peer_kvs, |k| shard_of(k, shards), |s| leases[s], &state.oversized);
+        let ops = repairs(origin, peer_kvs, |k| layout.shard_of(k), |s| leases[s], &state.oversized);
         let repaired = ops.len();
         if repaired > 0 {
             let first_key = String::from_utf8_lossy(ops[0].key()).into_owned();

@@ -153,6 +153,8 @@ pub(super) struct State {
     pub ownership: Ownership,
     /// One lease per shard (0 where none is granted yet).
     pub leases: Vec<i64>,
+    /// Which shard each key belongs to (aligned with `leases`).
+    pub layout: super::shards::Layout,
     /// Keys per shard.
     pub keys: Vec<i64>,
     /// Leases of a previous shard layout, kept alive until a resync has moved their keys.
@@ -293,6 +295,7 @@ impl Worker {
             owner: self.config.owner_id.clone(),
             revision,
             leases: state.leases.clone(),
+            slots: if state.layout.is_uniform() { Vec::new() } else { state.layout.slots().to_vec() },
             keys: state.keys.clone(),
             synced,
             retiring: state.retiring.clone(),
