@@ -591,7 +591,11 @@ async fn a_shard_past_the_cap_splits_online_without_a_resync_and_moves_few_keys(
                 *per_lease.entry(lease).or_default() += 1;
             }
             let done = misplaced == 0 && per_lease.values().all(|n| *n <= 50) && per_lease.len() == cp.leases.len();
-            anyhow::ensure!(done, "misplaced {misplaced}, keys per lease {per_lease:?}, recorded leases {:?}", cp.leases);
+            anyhow::ensure!(
+                done,
+                "misplaced {misplaced}, keys per lease {per_lease:?}, recorded leases {:?}",
+                cp.leases
+            );
             Ok(true)
         }
     })

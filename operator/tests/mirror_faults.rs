@@ -281,6 +281,14 @@ async fn a_least_privilege_user_over_mtls_mirrors_into_a_three_member_peer() {
     converged(&o, &root, "a", DEADLINE).await;
     write_keys(&mut o, "a", 500..1200, "v2").await;
     converged(&o, &root, "a", DEADLINE).await;
+    // Auth binds this user: every put attached to a lease costs a check per key on it, so the
+    // worker keeps shards small whatever the configured cap.
+    let cp = checkpoint(&mut root.clone(), "a").await.expect("checkpoint");
+    assert!(
+        cp.keys.iter().all(|n| *n as u64 <= aether_operator::mirror::AUTH_MAX_KEYS_PER_LEASE),
+        "keys per lease under auth: {:?}",
+        cp.keys
+    );
 
     // The user can write nothing outside the origin's subtree and bookkeeping.
     let mut confined = peer_target.connect().await.unwrap();

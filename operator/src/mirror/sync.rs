@@ -57,7 +57,7 @@ impl Worker {
         let total = head.count().max(0) as u64;
 
         // Lease layout: keep the current one while it fits, else reshard.
-        let max_per_lease = self.config.max_keys_per_lease;
+        let max_per_lease = state.lease_cap.max(1);
         if needs_reshard(state.leases.len(), &state.keys, total, max_per_lease) {
             let shards = shard_count(total, max_per_lease);
             if !state.leases.is_empty() {

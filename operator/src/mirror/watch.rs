@@ -253,7 +253,7 @@ impl Worker {
                 && inflight.is_none()
                 && !fragment_open
                 && split == 0
-                && let Some(shard) = overfull_shard(&state.keys, self.config.max_keys_per_lease)
+                && let Some(shard) = overfull_shard(&state.keys, state.lease_cap.max(1))
             {
                 match self.split_shard(peer, state, epoch, shard, lost_tx).await? {
                     Step::Fenced(by) => return Ok(WatchEnd::Fenced(by)),

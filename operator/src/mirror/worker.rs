@@ -153,6 +153,8 @@ pub(super) struct State {
     pub ownership: Ownership,
     /// One lease per shard (0 where none is granted yet).
     pub leases: Vec<i64>,
+    /// The keys a lease may carry on this peer (see `lease_cap`).
+    pub lease_cap: u64,
     /// Which shard each key belongs to (aligned with `leases`).
     pub layout: super::shards::Layout,
     /// Keys per shard.
