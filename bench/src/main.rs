@@ -20,6 +20,8 @@ const MATRIX_KEYS: usize = 20_000;
 const CATCHUP_REVISIONS: usize = 20_000;
 const STEADY_RATE: u64 = 1_000;
 const STEADY_SECONDS: u64 = 30;
+/// Keys the origin already holds in the second steady scenario.
+const STEADY_PRELOAD: usize = 100_000;
 /// make-mirror puts one key at a time; on this machine it would take many minutes for the full
 /// data set, so its rate is measured over this much time (keys copied / time).
 const MAKE_MIRROR_BUDGET: Duration = Duration::from_secs(60);
@@ -32,7 +34,8 @@ async fn main() -> anyhow::Result<()> {
     if args.get(1).map(String::as_str) == Some("worker") {
         return worker_process(&args[2..]).await;
     }
-    // `aether-bench [scenario...]`: sync, catchup, steady, leases, drain, operator, fanout; all by default.
+    // `aether-bench [scenario...]`: sync, catchup, steady, leases, drain, operator, fanout, scale;
+    // all by default.
     let only: Vec<String> = args[1..].to_vec();
     let want = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
     let mut table = Table::default();
@@ -43,7 +46,8 @@ async fn main() -> anyhow::Result<()> {
         bench_catchup(&mut table).await?;
     }
     if want("steady") {
-        bench_steady(&mut table).await?;
+        bench_steady(&mut table, 0).await?;
+        bench_steady(&mut table, STEADY_PRELOAD).await?;
     }
     if want("leases") {
         bench_leases(&mut table).await?;
@@ -57,19 +61,44 @@ async fn main() -> anyhow::Result<()> {
     if want("fanout") {
         bench_fanout(&mut table).await?;
     }
+    if want("scale") {
+        bench_scale(&mut table).await?;
+    }
     println!("\n{}", table.render());
+    let json = std::env::var_os("AETHER_BENCH_JSON")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::path::PathBuf::from("target/bench-results.jsonl"));
+    table.write_json(&json)?;
+    println!("\nresults as JSON lines: {}", json.display());
     Ok(())
 }
 
 #[derive(Default)]
 struct Table {
     rows: Vec<[String; 4]>,
+    /// Every row as a JSON object, with its numbers, so that two runs can be compared.
+    json: Vec<serde_json::Value>,
 }
 
 impl Table {
     fn row(&mut self, scenario: &str, subject: &str, result: String, note: String) {
+        self.row_with(scenario, subject, result, note, serde_json::json!({}));
+    }
+
+    /// A row and, in its JSON object, the figures behind it.
+    fn row_with(&mut self, scenario: &str, subject: &str, result: String, note: String, figures: serde_json::Value) {
         println!("  {scenario} | {subject} | {result} | {note}");
+        self.json.push(serde_json::json!({
+            "scenario": scenario, "subject": subject, "result": result, "note": note, "figures": figures,
+        }));
         self.rows.push([scenario.into(), subject.into(), result, note]);
+    }
+
+    /// Writes one JSON object per row to `path`.
+    fn write_json(&self, path: &std::path::Path) -> anyhow::Result<()> {
+        let lines: Vec<String> = self.json.iter().map(|row| row.to_string()).collect();
+        std::fs::write(path, lines.join("\n") + "\n")?;
+        Ok(())
     }
 
     fn render(&self) -> String {
@@ -412,6 +441,62 @@ async fn bench_fanout(table: &mut Table) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The scale curve: one origin synced into one peer at 10k, 100k and 1M keys, and 1M keys into
+/// three peers, the mirror as its own process (peak RSS sampled).
+async fn bench_scale(table: &mut Table) -> anyhow::Result<()> {
+    println!("scale curve: sync 10k, 100k, 1M keys into 1 peer; 1M into 3");
+    let prefix = keys::region_prefix("a");
+    let mut one_peer_rate = HashMap::new();
+    for (keys_n, peers) in [(10_000usize, 1usize), (100_000, 1), (1_000_000, 1), (1_000_000, 3)] {
+        let origin = EtcdServer::start_with("sc-a", EtcdFlavor::Default, &["--quota-backend-bytes", "8589934592"]).await?;
+        let oc = Client::connect([origin.endpoint()], None).await?;
+        fill(&oc, keys_n, "sc").await?;
+        let names: Vec<String> = (0..peers).map(|i| format!("sc-p{i}")).collect();
+        let targets: Vec<EtcdServer> = futures::future::try_join_all(
+            names.iter().map(|n| EtcdServer::start_with(n, EtcdFlavor::Default, &["--quota-backend-bytes", "8589934592"])),
+        )
+        .await?;
+        let specs: Vec<(String, String)> = targets.iter().enumerate().map(|(i, t)| (format!("p{i}"), t.endpoint())).collect();
+        let mut worker = WorkerProcess::start(&origin.endpoint(), &specs)?;
+        let elapsed = worker.wait_synced()?;
+        let peak = worker.peak_kb();
+        drop(worker);
+        let mut unseen = 0i64;
+        for t in &targets {
+            let tc = Client::connect([t.endpoint()], None).await?;
+            unseen += keys_n as i64 - count(&tc, &prefix).await;
+        }
+        let keys_per_s = rate(keys_n * peers, elapsed);
+        if peers == 1 {
+            one_peer_rate.insert(keys_n, keys_per_s);
+        }
+        // What every watch Txn carries besides the ops: the progress record (owner, revision),
+        // whatever the subtree's size; the lease layout is written only when it changes.
+        let progress = aether_operator::mirror::checkpoint::Progress { owner: "bench-p0".into(), revision: keys_n as i64 * 2 };
+        let bookkeeping = progress.encode().len() + keys::progress_key("a").len();
+        let vs_100k = one_peer_rate.get(&100_000).map(|r| r / keys_per_s);
+        table.row_with(
+            &format!("scale: sync {keys_n} keys, {peers} peer(s)"),
+            "this mirror",
+            format!("{keys_per_s:.0} keys/s"),
+            format!(
+                "{:.2}s, peak RSS {:.1} MiB, {unseen} keys missing (failures), {bookkeeping} B bookkeeping per watch Txn{}",
+                elapsed.as_secs_f64(),
+                peak as f64 / 1024.0,
+                match (peers, vs_100k) {
+                    (1, Some(ratio)) if keys_n > 100_000 => format!("; 100k's rate is {ratio:.2}x this"),
+                    _ => String::new(),
+                }
+            ),
+            serde_json::json!({
+                "keys": keys_n, "peers": peers, "keys_per_s": keys_per_s, "seconds": elapsed.as_secs_f64(),
+                "peak_rss_mib": peak as f64 / 1024.0, "missing": unseen, "bookkeeping_bytes_per_watch_txn": bookkeeping,
+            }),
+        );
+    }
+    Ok(())
+}
+
 /// The raw ceiling into a peer server.
 async fn raw_copy(origin: &Client, peer: &EtcdServer) -> anyhow::Result<()> {
     raw_copy_client(origin, &Client::connect([peer.endpoint()], None).await?).await
@@ -495,16 +580,24 @@ async fn bench_catchup(table: &mut Table) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn bench_steady(table: &mut Table) -> anyhow::Result<()> {
-    println!("steady state: {STEADY_RATE} writes/s for {STEADY_SECONDS}s");
+/// New keys at a steady rate into a subtree that starts with `preload` keys (the shards split as
+/// it grows); replication latency from each put's completion to the peer's watch seeing it.
+async fn bench_steady(table: &mut Table, preload: usize) -> anyhow::Result<()> {
+    println!("steady state: {STEADY_RATE} new keys/s for {STEADY_SECONDS}s onto {preload} keys");
     let dir = tempfile_dir()?;
+    let scenario = if preload == 0 {
+        format!("steady {STEADY_RATE}/s for {STEADY_SECONDS}s, growing from empty")
+    } else {
+        format!("steady {STEADY_RATE}/s for {STEADY_SECONDS}s onto {preload} keys")
+    };
     for subject in ["this mirror", "etcdctl make-mirror"] {
         let (origin, peer) = tokio::try_join!(EtcdServer::start("st-a"), EtcdServer::start("st-b"))?;
         let oc = Client::connect([origin.endpoint()], None).await?;
+        fill(&oc, preload, "pre").await?;
         let mut pc = Client::connect([peer.endpoint()], None).await?;
         let handle = if subject == "this mirror" {
             let h = spawn_worker(bench_config("b"), &origin, EtcdTarget::plain([peer.endpoint()]));
-            wait_synced(&h, Duration::from_secs(60)).await?;
+            wait_synced(&h, Duration::from_secs(120)).await?;
             Some(h)
         } else {
             None
@@ -533,6 +626,7 @@ async fn bench_steady(table: &mut Table) -> anyhow::Result<()> {
             })
         };
         let total = (STEADY_RATE * STEADY_SECONDS) as usize;
+        let before = handle.as_ref().map(|h| h.health());
         let mut ticker = tokio::time::interval(Duration::from_micros(1_000_000 / STEADY_RATE));
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
         let mut inflight = futures::stream::FuturesUnordered::new();
@@ -540,9 +634,9 @@ async fn bench_steady(table: &mut Table) -> anyhow::Result<()> {
             ticker.tick().await;
             let (mut c, acked, put_times) = (oc.clone(), acked.clone(), put_times.clone());
             inflight.push(async move {
-                let k = key("a", i);
+                let k = key("a", preload + i);
                 let sent = Instant::now();
-                c.put(k.clone(), value(i, "st"), Some(PutOptions::new())).await?;
+                c.put(k.clone(), value(preload + i, "st"), Some(PutOptions::new())).await?;
                 let now = Instant::now();
                 acked.lock().unwrap().insert(k.into_bytes(), now);
                 put_times.lock().unwrap().push((now - sent).as_secs_f64() * 1000.0);
@@ -561,10 +655,13 @@ async fn bench_steady(table: &mut Table) -> anyhow::Result<()> {
         }
         watcher.abort();
         let (acked, seen) = (acked.lock().unwrap().clone(), seen.lock().unwrap().clone());
+        // A key the peer never showed is a failure, not a key left out: it counts as infinitely late.
+        let unseen = acked.keys().filter(|k| !seen.contains_key(*k)).count() + (total - acked.len());
         let mut latencies: Vec<f64> = acked
             .iter()
-            .filter_map(|(k, a)| seen.get(k).map(|s| s.saturating_duration_since(*a).as_secs_f64() * 1000.0))
+            .map(|(k, a)| seen.get(k).map_or(f64::INFINITY, |s| s.saturating_duration_since(*a).as_secs_f64() * 1000.0))
             .collect();
+        latencies.extend(std::iter::repeat_n(f64::INFINITY, total - acked.len()));
         latencies.sort_by(|a, b| a.total_cmp(b));
         let pct = |p: f64| {
             latencies
@@ -572,24 +669,39 @@ async fn bench_steady(table: &mut Table) -> anyhow::Result<()> {
                 .copied()
                 .unwrap_or(f64::NAN)
         };
-        table.row(
-            &format!("steady {STEADY_RATE}/s for {STEADY_SECONDS}s"),
-            subject,
-            format!(
-                "p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
-                pct(0.5),
-                pct(0.99),
-                latencies.last().copied().unwrap_or(f64::NAN)
+        let mut puts = put_times.lock().unwrap().clone();
+        puts.sort_by(|a, b| a.total_cmp(b));
+        let put_p99 = puts.get(puts.len() * 99 / 100).copied().unwrap_or(f64::NAN);
+        let (p50, p99, max) = (pct(0.5), pct(0.99), latencies.last().copied().unwrap_or(f64::NAN));
+        let worker = handle.as_ref().map(|h| {
+            let (after, before) = (h.health(), before.clone().unwrap_or_else(|| h.health()));
+            (
+                after.resyncs - before.resyncs,
+                after.shard_splits - before.shard_splits,
+                after.split_revisions - before.split_revisions,
+                after.leases,
+            )
+        });
+        let counters = match worker {
+            Some((resyncs, splits, split_revisions, leases)) => format!(
+                "; resyncs {resyncs}, shard splits {splits}, split revisions {split_revisions}, {leases} leases"
             ),
-            {
-                let mut puts = put_times.lock().unwrap().clone();
-                puts.sort_by(|a, b| a.total_cmp(b));
-                let put_p99 = puts.get(puts.len() * 99 / 100).copied().unwrap_or(f64::NAN);
-                format!(
-                    "{} of {total} keys seen on the peer; the origin's own put p99 {put_p99:.1} ms",
-                    latencies.len()
-                )
-            },
+            None => String::new(),
+        };
+        let target = 1.5 * put_p99 + 5.0;
+        table.row_with(
+            &scenario,
+            subject,
+            format!("p50 {p50:.1} ms, p99 {p99:.1} ms, max {max:.1} ms"),
+            format!(
+                "{unseen} of {total} keys never seen (failures); the origin's own put p99 {put_p99:.1} ms, target p99 <= {target:.1} ms{counters}"
+            ),
+            serde_json::json!({
+                "p50_ms": p50, "p99_ms": p99, "max_ms": max, "unseen": unseen, "keys": total,
+                "put_p99_ms": put_p99, "target_p99_ms": target,
+                "resyncs": worker.map(|w| w.0), "shard_splits": worker.map(|w| w.1),
+                "split_revisions": worker.map(|w| w.2), "leases": worker.map(|w| w.3),
+            }),
         );
         if let Some(h) = handle {
             h.shutdown().await;
@@ -626,13 +738,14 @@ async fn bench_leases(table: &mut Table) -> anyhow::Result<()> {
             for (layout, per_lease) in [
                 ("no lease (raw)", 0u64),
                 ("one lease", u64::MAX / 4),
-                ("sharded, 1000 keys/lease", 1000),
-                ("sharded, 100 keys/lease", 100),
+                ("default settings (1000 keys/lease; 64 when auth binds the user)", 1000),
+                ("sharded, 100 keys/lease (64 when auth binds the user)", 100),
             ] {
                 let peer = EtcdServer::start_with("lm-b", flavor, &[]).await?;
                 let target = if auth { enable_auth(&peer).await? } else { EtcdTarget::plain([peer.endpoint()]) };
                 let start = Instant::now();
                 let mut finished = true;
+                let mut leases = 0;
                 if per_lease == 0 {
                     let pc = target.connect().await?;
                     raw_copy_client(&oc, &pc).await?;
@@ -643,6 +756,7 @@ async fn bench_leases(table: &mut Table) -> anyhow::Result<()> {
                     // With auth on, etcd checks every key already on a lease at each put attached
                     // to it: one big lease is quadratic. Give it a budget.
                     finished = wait_synced(&h, LEASE_BUDGET).await.is_ok();
+                    leases = h.health().leases;
                     h.shutdown().await;
                 }
                 let d = start.elapsed();
@@ -653,12 +767,18 @@ async fn bench_leases(table: &mut Table) -> anyhow::Result<()> {
                         if auth { Some(etcd_client::ConnectOptions::new().with_user("root", "rootpw")) } else { None };
                     count(&Client::connect([peer.endpoint()], options).await?, &keys::region_prefix("a")).await as usize
                 };
-                results.push((layout, d, done));
+                results.push((layout, d, done, leases));
             }
             let base = results[0].1.as_secs_f64();
-            for (layout, d, done) in results {
+            let interval = bench_config("b").keepalive_interval.as_secs_f64();
+            for (layout, d, done, leases) in results {
                 let note = if done == MATRIX_KEYS {
-                    format!("{:.2}s, {:.2}x the no-lease time", d.as_secs_f64(), d.as_secs_f64() / base)
+                    format!(
+                        "{:.2}s, {:.2}x the no-lease time; {leases} leases, {:.0} keepalive messages/s on one stream",
+                        d.as_secs_f64(),
+                        d.as_secs_f64() / base,
+                        leases as f64 / interval
+                    )
                 } else {
                     format!("did not finish: {done} keys in {:.0}s", d.as_secs_f64())
                 };
