@@ -1,41 +1,104 @@
-//! Splitting an overfull lease shard online. The shard splits in two (see `shards::Layout`): it
-//! keeps its lease and the keys whose next hash bit is 0; a new lease, granted and recorded in the
-//! checkpoint before any key moves, takes the others. The keys to move are listed from the old
-//! lease itself and re-put under the new one a batch at a time, between the watch's batches, so
-//! replication never stops; a worker that dies mid-move leaves every key on a live lease, and
-//! continuous verification puts the rest on the lease the layout names.
-use super::keepalive::KeeperSignal;
-use super::plan::{MirrorOp, Revision, SyncBatcher, enforce_request_limit};
+//! Splitting an overfull lease shard online, beside the watch. The shard splits in two (see
+//! `shards::Layout`): it keeps its lease and the keys whose next hash bit is 0; a new lease takes
+//! the others. Each step's IO runs while the watch goes on applying:
+//!
+//! 1. grant the new lease;
+//! 2. record the new layout in the checkpoint; only then do writes use the new lease (a successor
+//!    must know every lease that may hold keys);
+//! 3. once the batch in flight at that moment has landed, list the old lease's keys that now
+//!    belong to the new shard;
+//! 4. move them a batch at a time: read them from the peer, re-put each under its new lease in a
+//!    Txn that compares the owner's epoch and each key's mod revision, so a batch that lost a race
+//!    with the watch changes nothing and is read again;
+//! 5. recount both leases and record the counts.
+//!
+//! A worker that dies mid-split leaves every key on a live, recorded lease; the successor places
+//! new writes by the recorded layout and continuous verification moves what is left.
+use super::plan::{MirrorOp, Revision, TxnLimits};
 use super::session::Applied;
-use super::sync::RESERVED_REQUEST_BYTES;
-use super::target::kv;
+use super::shards::Layout;
 use super::worker::{State, Worker};
 use crate::keys;
-use etcd_client::{Client, LeaseTimeToLiveOptions, Txn, TxnOp, TxnOpResponse};
+use crate::mirror::checkpoint::Owner;
+use etcd_client::{Client, Compare, CompareOp, LeaseTimeToLiveOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
 use std::collections::VecDeque;
-use tokio::sync::mpsc;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
 use tracing::info;
 
-/// A split whose keys are still moving.
-pub(super) struct Moving {
-    /// The shard that was split, and the new one.
-    pub from: usize,
-    pub to: usize,
-    /// Keys still on the old lease that belong to the new shard.
-    pub keys: VecDeque<Vec<u8>>,
+type StepFuture = Pin<Box<dyn Future<Output = anyhow::Result<StepDone>> + Send>>;
+
+/// What a step's IO found.
+pub(super) enum StepDone {
+    Granted(i64),
+    Recorded(Applied),
+    Listed(Vec<Vec<u8>>),
+    /// Keys moved; keys to read again (a race with the watch, or past the batch's bytes).
+    Moved {
+        again: Vec<Vec<u8>>,
+    },
+    Fenced(String),
+    Counted(i64, i64),
 }
 
-/// What a split or a move step found.
-pub(super) enum Step<T> {
-    Done(T),
+enum Stage {
+    Granting,
+    /// The layout the split makes, being recorded.
+    Recording {
+        layout: Layout,
+        lease: i64,
+    },
+    /// Recorded and in use; the old lease is listed once the batch in flight has landed.
+    ToList,
+    Listing,
+    Moving(VecDeque<Vec<u8>>),
+    Counting,
+    Finishing,
+}
+
+/// A split in progress.
+pub(super) struct Split {
+    from: usize,
+    to: usize,
+    stage: Stage,
+    step: Option<StepFuture>,
+}
+
+/// What the watch loop does after a step.
+pub(super) enum Advance {
+    Going,
+    Done,
     Fenced(String),
 }
 
+impl Split {
+    /// Whether a step's IO is running.
+    pub fn running(&self) -> bool {
+        self.step.is_some()
+    }
+
+    /// The running step's outcome.
+    pub async fn step(&mut self) -> anyhow::Result<StepDone> {
+        match self.step.as_mut() {
+            Some(step) => step.await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Lets the running step finish (its Txn may still land) before the watch ends.
+    pub async fn settle(mut self) {
+        if let Some(step) = self.step.take() {
+            let _ = step.await;
+        }
+    }
+}
+
 /// Re-targets the ops received but not applied yet at the layout as it is now (pure): a key of
-/// the new shard goes straight onto the new lease. `shards` is parallel to each revision's ops.
+/// the new shard goes straight onto the new lease. `deltas` are parallel to each revision's ops.
 pub(super) fn retarget<'a>(
     pending: impl Iterator<Item = (&'a mut Revision, &'a mut Vec<(usize, i64)>)>,
-    layout: &super::shards::Layout,
+    layout: &Layout,
 ) {
     for (revision, deltas) in pending {
         for (op, delta) in revision.ops.iter_mut().zip(deltas.iter_mut()) {
@@ -48,114 +111,220 @@ pub(super) fn retarget<'a>(
     }
 }
 
+async fn bounded<T>(
+    timeout: Duration,
+    what: &str,
+    call: impl Future<Output = Result<T, etcd_client::Error>>,
+) -> anyhow::Result<T> {
+    match tokio::time::timeout(timeout, call).await {
+        Err(_) => anyhow::bail!("{what}: timed out after {timeout:?}"),
+        Ok(r) => Ok(r.map_err(|e| anyhow::anyhow!("{what}: {e}"))?),
+    }
+}
+
 impl Worker {
-    /// Splits `shard`: grants the new lease, keeps it alive, records the layout, and lists the
-    /// keys that must move.
-    pub(super) async fn split_shard(
-        &self,
-        peer: &mut Client,
-        state: &mut State,
-        epoch: i64,
-        shard: usize,
-        lost_tx: &mpsc::Sender<KeeperSignal>,
-    ) -> anyhow::Result<Step<Moving>> {
-        let old_lease = state.leases[shard];
-        let granted = self.rpc("grant lease", peer.lease_grant(self.config.lease_ttl_seconds, None)).await?;
-        let to = state.layout.split(shard);
-        state.leases.push(granted.id());
-        state.keys.push(0);
-        self.ensure_keeper(state, lost_tx);
-        let record = vec![self.checkpoint_op(state, state.applied, true)];
-        if let Applied::Fenced(by) = self.apply(peer, epoch, Vec::new(), &state.leases, record).await? {
-            return Ok(Step::Fenced(by));
-        }
-        let listed = self
-            .rpc(
-                "list a lease's keys",
-                peer.lease_time_to_live(old_lease, Some(LeaseTimeToLiveOptions::new().with_keys())),
-            )
-            .await?;
-        let subtree = keys::region_prefix(&self.config.origin);
-        let keys: VecDeque<Vec<u8>> = listed
-            .keys()
-            .iter()
-            .filter(|k| k.starts_with(subtree.as_bytes()) && state.layout.shard_of(k) == to)
-            .cloned()
-            .collect();
-        let moving = keys.len() as i64;
-        state.keys[shard] = (state.keys[shard] - moving).max(0);
-        state.keys[to] = moving;
-        info!(
-            shard,
-            new_shard = to,
-            lease = granted.id(),
-            keys = moving,
-            "splitting an overfull lease shard; its keys move while the watch goes on"
-        );
-        self.shared.emit(super::MirrorEvent::LeaseGranted { lease: granted.id(), shard: to });
-        self.shared.update(|h| {
-            h.shard_splits += 1;
-            h.leases = state.leases.len();
+    /// Starts splitting `shard`: grants the new lease.
+    pub(super) fn start_split(&self, peer: &Client, shard: usize) -> Split {
+        let (mut peer, ttl, timeout) = (peer.clone(), self.config.lease_ttl_seconds, self.config.rpc_timeout);
+        let step: StepFuture = Box::pin(async move {
+            Ok(StepDone::Granted(bounded(timeout, "grant lease", peer.lease_grant(ttl, None)).await?.id()))
         });
-        Ok(Step::Done(Moving { from: shard, to, keys }))
+        Split { from: shard, to: 0, stage: Stage::Granting, step: Some(step) }
     }
 
-    /// Moves one batch of keys onto the lease their shard now has: reads them from the peer
-    /// (which holds the origin's subtree at the applied revision between batches) and re-puts
-    /// them in one fenced Txn. When the last key moved, recounts both shards from their leases
-    /// and records the counts. Returns whether the split is complete.
-    pub(super) async fn move_batch(
+    /// Takes a step's outcome and moves the split on. Returns what the watch does, and whether
+    /// the layout in use changed (the pending ops are then re-targeted).
+    pub(super) fn advance_split(
         &self,
+        task: &mut Split,
+        done: StepDone,
         peer: &Client,
         state: &mut State,
         epoch: i64,
-        moving: &mut Moving,
-    ) -> anyhow::Result<Step<bool>> {
-        let limits = self.limits(state);
-        let take = moving.keys.len().min(limits.max_ops.max(1));
-        let batch: Vec<Vec<u8>> = moving.keys.drain(..take).collect();
-        let reads: Vec<TxnOp> = batch.iter().map(|k| TxnOp::get(k.clone(), None)).collect();
-        let read = self.rpc("read keys to move", kv(peer).txn(Txn::new().and_then(reads))).await?;
-        let mut batcher = SyncBatcher::new(limits);
-        let mut txns = Vec::new();
-        for response in read.op_responses() {
-            let TxnOpResponse::Get(get) = response else { continue };
-            for found in get.kvs() {
-                let shard = state.layout.shard_of(found.key());
-                // Re-put already by the watch (deleted keys are simply not found).
-                if found.lease() == state.leases[shard] {
-                    continue;
+        lost_tx: &tokio::sync::mpsc::Sender<super::keepalive::KeeperSignal>,
+    ) -> anyhow::Result<(Advance, bool)> {
+        task.step = None;
+        let stage = std::mem::replace(&mut task.stage, Stage::Granting);
+        match (stage, done) {
+            (_, StepDone::Fenced(by)) | (_, StepDone::Recorded(Applied::Fenced(by))) => {
+                return Ok((Advance::Fenced(by), false));
+            }
+            (Stage::Granting, StepDone::Granted(lease)) => {
+                // Recorded before any write uses it: a successor keeps every lease that may hold keys.
+                let mut layout = state.layout.clone();
+                task.to = layout.split(task.from);
+                let mut leases = state.leases.clone();
+                leases.push(lease);
+                let mut keys = state.keys.clone();
+                keys.push(0);
+                let record = self.checkpoint_for(state, &layout, &leases, &keys, state.applied, true);
+                let record = TxnOp::put(keys::checkpoint_key(&self.config.origin), record.encode(), None);
+                let apply = self.apply(peer, epoch, Vec::new(), &leases, vec![record]);
+                task.step = Some(Box::pin(async move { apply.await.map(StepDone::Recorded) }));
+                task.stage = Stage::Recording { layout, lease };
+            }
+            (Stage::Recording { layout, lease }, StepDone::Recorded(Applied::Yes)) => {
+                state.layout = layout;
+                state.leases.push(lease);
+                state.keys.push(0);
+                self.ensure_keeper(state, lost_tx);
+                info!(
+                    shard = task.from,
+                    new_shard = task.to,
+                    lease,
+                    "splitting an overfull lease shard; its keys move while the watch goes on"
+                );
+                self.shared.emit(super::MirrorEvent::LeaseGranted { lease, shard: task.to });
+                let leases = state.leases.len();
+                self.shared.update(|h| {
+                    h.shard_splits += 1;
+                    h.leases = leases;
+                });
+                task.stage = Stage::ToList;
+                return Ok((Advance::Going, true));
+            }
+            (Stage::Listing, StepDone::Listed(listed)) => {
+                let subtree = keys::region_prefix(&self.config.origin);
+                let moving: VecDeque<Vec<u8>> = listed
+                    .into_iter()
+                    .filter(|k| k.starts_with(subtree.as_bytes()) && state.layout.shard_of(k) == task.to)
+                    .collect();
+                let n = moving.len() as i64;
+                state.keys[task.from] = (state.keys[task.from] - n).max(0);
+                state.keys[task.to] += n;
+                task.stage = Stage::Moving(moving);
+            }
+            (Stage::Moving(mut moving), StepDone::Moved { again }) => {
+                moving.extend(again);
+                task.stage = Stage::Moving(moving);
+            }
+            (Stage::Counting, StepDone::Counted(from, to)) => {
+                state.keys[task.from] = from;
+                state.keys[task.to] = to;
+                let record = vec![self.checkpoint_op(state, state.applied, true)];
+                let apply = self.apply(peer, epoch, Vec::new(), &state.leases, record);
+                task.step = Some(Box::pin(async move { apply.await.map(StepDone::Recorded) }));
+                task.stage = Stage::Finishing;
+            }
+            (Stage::Finishing, StepDone::Recorded(Applied::Yes)) => {
+                info!(shard = task.from, new_shard = task.to, keys = state.keys[task.to], "lease shard split complete");
+                return Ok((Advance::Done, false));
+            }
+            _ => anyhow::bail!("a lease shard split got a step out of order"),
+        }
+        Ok((Advance::Going, false))
+    }
+
+    /// Starts the split's next step when none is running and its turn has come.
+    pub(super) fn drive_split(
+        &self,
+        task: &mut Split,
+        peer: &Client,
+        state: &State,
+        epoch: i64,
+        batch_in_flight: bool,
+    ) {
+        if task.running() {
+            return;
+        }
+        let timeout = self.config.rpc_timeout;
+        let subtree = keys::region_prefix(&self.config.origin);
+        match &mut task.stage {
+            // A batch sent before the layout changed may still put a key of the new shard on the
+            // old lease: list the old lease once it has landed.
+            Stage::ToList if !batch_in_flight => {
+                let (mut peer, lease) = (peer.clone(), state.leases[task.from]);
+                task.step = Some(Box::pin(async move {
+                    let options = LeaseTimeToLiveOptions::new().with_keys();
+                    let listed =
+                        bounded(timeout, "list a lease's keys", peer.lease_time_to_live(lease, Some(options))).await?;
+                    Ok(StepDone::Listed(listed.keys().to_vec()))
+                }));
+                task.stage = Stage::Listing;
+            }
+            Stage::Moving(moving) if moving.is_empty() => {
+                let (mut peer, from, to) = (peer.clone(), state.leases[task.from], state.leases[task.to]);
+                task.step = Some(Box::pin(async move {
+                    let mut counts = [0i64; 2];
+                    for (count, lease) in counts.iter_mut().zip([from, to]) {
+                        let options = LeaseTimeToLiveOptions::new().with_keys();
+                        let listed =
+                            bounded(timeout, "count a lease's keys", peer.lease_time_to_live(lease, Some(options)))
+                                .await?;
+                        *count = listed.keys().iter().filter(|k| k.starts_with(subtree.as_bytes())).count() as i64;
+                    }
+                    Ok(StepDone::Counted(counts[0], counts[1]))
+                }));
+                task.stage = Stage::Counting;
+            }
+            Stage::Moving(moving) => {
+                let limits = self.limits(state);
+                let take = moving.len().min(limits.max_ops.max(1));
+                let batch: Vec<Vec<u8>> = moving.drain(..take).collect();
+                task.step = Some(self.move_step(peer, batch, state, epoch, limits));
+            }
+            _ => {}
+        }
+    }
+
+    /// Reads `batch` from the peer and re-puts each key not on its shard's lease, in one Txn that
+    /// compares the owner's epoch and each key's mod revision.
+    fn move_step(
+        &self,
+        peer: &Client,
+        batch: Vec<Vec<u8>>,
+        state: &State,
+        epoch: i64,
+        limits: TxnLimits,
+    ) -> StepFuture {
+        let (layout, leases) = (state.layout.clone(), state.leases.clone());
+        let owner_key = keys::owner_key(&self.config.origin);
+        let timeout = self.config.rpc_timeout;
+        let mut kv = super::target::kv(peer);
+        Box::pin(async move {
+            let reads: Vec<TxnOp> = batch.iter().map(|k| TxnOp::get(k.clone(), None)).collect();
+            let read = bounded(timeout, "read keys to move", kv.txn(Txn::new().and_then(reads))).await?;
+            let mut compares = vec![Compare::mod_revision(owner_key.as_str(), CompareOp::Equal, epoch)];
+            let (mut puts, mut put_keys, mut again, mut bytes) = (Vec::new(), Vec::new(), Vec::new(), 0usize);
+            for response in read.op_responses() {
+                let TxnOpResponse::Get(get) = response else { continue };
+                for found in get.kvs() {
+                    let target = leases[layout.shard_of(found.key())];
+                    if found.lease() == target {
+                        continue; // put by the watch already (a deleted key is not found at all)
+                    }
+                    let size = found.key().len() + found.value().len() + 24;
+                    if !puts.is_empty() && bytes + size > limits.max_bytes {
+                        again.push(found.key().to_vec());
+                        continue;
+                    }
+                    bytes += size;
+                    compares.push(Compare::mod_revision(found.key(), CompareOp::Equal, found.mod_revision()));
+                    puts.push(TxnOp::put(found.key(), found.value(), Some(PutOptions::new().with_lease(target))));
+                    put_keys.push(found.key().to_vec());
                 }
-                let op = MirrorOp::Put { key: found.key().to_vec(), value: found.value().to_vec(), shard };
-                let (op, _) = enforce_request_limit(op, self.config.max_request_bytes, RESERVED_REQUEST_BYTES);
-                txns.extend(batcher.push(op));
             }
-        }
-        txns.extend(batcher.take());
-        for ops in txns {
-            if let Applied::Fenced(by) = self.apply(peer, epoch, ops, &state.leases, Vec::new()).await? {
-                return Ok(Step::Fenced(by));
+            if puts.is_empty() {
+                return Ok(StepDone::Moved { again });
             }
-        }
-        if !moving.keys.is_empty() {
-            return Ok(Step::Done(false));
-        }
-        for shard in [moving.from, moving.to] {
-            let listed = self
-                .rpc(
-                    "count a lease's keys",
-                    peer.clone()
-                        .lease_time_to_live(state.leases[shard], Some(LeaseTimeToLiveOptions::new().with_keys())),
-                )
-                .await?;
-            let subtree = keys::region_prefix(&self.config.origin);
-            state.keys[shard] = listed.keys().iter().filter(|k| k.starts_with(subtree.as_bytes())).count() as i64;
-        }
-        let record = vec![self.checkpoint_op(state, state.applied, true)];
-        if let Applied::Fenced(by) = self.apply(peer, epoch, Vec::new(), &state.leases, record).await? {
-            return Ok(Step::Fenced(by));
-        }
-        info!(shard = moving.from, new_shard = moving.to, keys = state.keys[moving.to], "lease shard split complete");
-        Ok(Step::Done(true))
+            let txn = Txn::new().when(compares).and_then(puts).or_else([TxnOp::get(owner_key.as_str(), None)]);
+            let resp = bounded(timeout, "move keys to their new lease", kv.txn(txn)).await?;
+            if resp.succeeded() {
+                return Ok(StepDone::Moved { again });
+            }
+            let owner = resp.op_responses().into_iter().find_map(|r| match r {
+                TxnOpResponse::Get(get) => get.kvs().first().map(|o| (o.mod_revision(), Owner::decode(o.value()))),
+                _ => None,
+            });
+            match owner {
+                // Still ours: a key changed under the move; read them again.
+                Some((revision, _)) if revision == epoch => {
+                    again.extend(put_keys);
+                    Ok(StepDone::Moved { again })
+                }
+                Some((_, owner)) => Ok(StepDone::Fenced(owner.map_or_else(|| "unknown".to_string(), |o| o.owner))),
+                None => Ok(StepDone::Fenced("nobody (the owner key was deleted)".to_string())),
+            }
+        })
     }
 }

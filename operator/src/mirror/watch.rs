@@ -11,7 +11,7 @@ use super::keepalive::KeeperSignal;
 use super::plan::{MirrorOp, Revision, SyncBatcher, WatchBatch, enforce_request_limit, next_watch_batch};
 use super::session::{Applied, WatchEnd};
 use super::shards::overfull_shard;
-use super::split::{Moving, Step, retarget};
+use super::split::{Advance, Split, retarget};
 use super::sync::{RESERVED_REQUEST_BYTES, page_kvs};
 use super::verify::{advance, page_range, repairs};
 use super::worker::{State, Worker};
@@ -73,13 +73,10 @@ impl Worker {
         verify_ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         verify_ticker.reset();
         let mut verify_due = false;
-        // A split shard whose keys are still moving to their new lease.
-        let mut moving: Option<Moving> = None;
+        // A lease shard being split beside the watch (see `split.rs`).
+        let mut splitting: Option<Split> = None;
 
         loop {
-            // Keys move only between batches: a move re-puts what it read, so no batch may be
-            // in flight, nor a revision half applied.
-            let can_move = moving.is_some() && inflight.is_none() && !fragment_open && split == 0;
             let room = pending_ops < self.config.max_pending_ops && pending_bytes < self.config.max_pending_bytes;
             if !room {
                 last_message = Instant::now();
@@ -98,6 +95,7 @@ impl Worker {
                         // The sync grants its replacement and records it before moving keys.
                         state.leases[shard] = 0;
                         settle_inflight(inflight.take()).await?;
+                        settle_split(splitting.take()).await;
                         return Ok(WatchEnd::Resync(ResyncCause::LeaseLost));
                     }
                 }
@@ -149,6 +147,7 @@ impl Worker {
                         if response.compact_revision() > 0 {
                             warn!(compacted = response.compact_revision(), needed = state.applied + 1, "origin compacted past the mirror's revision");
                             settle_inflight(inflight.take()).await?;
+                            settle_split(splitting.take()).await;
                             return Ok(WatchEnd::Resync(ResyncCause::Compacted));
                         }
                         anyhow::bail!("the origin cancelled the watch: {}", response.cancel_reason());
@@ -213,7 +212,17 @@ impl Worker {
                     }
                 }
                 _ = verify_ticker.tick(), if verifying => verify_due = true,
-                _ = std::future::ready(()), if can_move => {}
+                done = async { splitting.as_mut().expect("guarded").step().await }, if splitting.as_ref().is_some_and(Split::running) => {
+                    let task = splitting.as_mut().expect("guarded");
+                    match self.advance_split(task, done?, peer, state, epoch, lost_tx)? {
+                        (Advance::Fenced(by), _) => return Ok(WatchEnd::Fenced(by)),
+                        (Advance::Done, _) => splitting = None,
+                        (Advance::Going, true) => {
+                            retarget(pending.iter_mut().zip(pending_meta.iter_mut().map(|m| &mut m.deltas)), &state.layout);
+                        }
+                        (Advance::Going, false) => {}
+                    }
+                }
                 _ = ticker.tick() => {
                     // Not reading (the pending bounds are reached) is not a stalled watch.
                     if room && last_message.elapsed() > stall_after {
@@ -242,37 +251,22 @@ impl Worker {
             // Between batches the peer holds exactly the origin's subtree at the applied revision:
             // the moment to compare a page.
             // Not between the parts of a split revision either: the peer then holds part of one.
-            if verify_due && inflight.is_none() && !fragment_open && split == 0 {
+            // Nor while a split moves keys: a key between two leases is not drift.
+            if verify_due && inflight.is_none() && !fragment_open && split == 0 && splitting.is_none() {
                 verify_due = false;
                 if let Some(by) = self.verify_page(local, peer, state, epoch).await? {
                     return Ok(WatchEnd::Fenced(by));
                 }
             }
-            // A shard past the cap splits, online; its keys then move a batch at a time.
-            if moving.is_none()
-                && inflight.is_none()
-                && !fragment_open
+            // A shard past the cap splits, online, beside the watch.
+            if splitting.is_none()
                 && split == 0
                 && let Some(shard) = overfull_shard(&state.keys, state.lease_cap.max(1))
             {
-                match self.split_shard(peer, state, epoch, shard, lost_tx).await? {
-                    Step::Fenced(by) => return Ok(WatchEnd::Fenced(by)),
-                    Step::Done(started) => {
-                        retarget(pending.iter_mut().zip(pending_meta.iter_mut().map(|m| &mut m.deltas)), &state.layout);
-                        moving = Some(started);
-                    }
-                }
+                splitting = Some(self.start_split(peer, shard));
             }
-            if inflight.is_none()
-                && !fragment_open
-                && split == 0
-                && let Some(split_moving) = moving.as_mut()
-            {
-                match self.move_batch(peer, state, epoch, split_moving).await? {
-                    Step::Fenced(by) => return Ok(WatchEnd::Fenced(by)),
-                    Step::Done(true) => moving = None,
-                    Step::Done(false) => {}
-                }
+            if let Some(task) = splitting.as_mut() {
+                self.drive_split(task, peer, state, epoch, inflight.is_some());
             }
             // While a fragmented response is incomplete, its last revision may be partial.
             if inflight.is_none()
@@ -371,6 +365,13 @@ impl Worker {
         let bookkeeping = vec![self.progress_op(batch.applied_through.max(state.applied))];
         let apply = self.apply(peer, epoch, batch.ops.clone(), &state.leases, bookkeeping);
         Box::pin(async move { apply.await.map(|applied| (applied, batch)) })
+    }
+}
+
+/// Lets a split's step finish before a resync: a move Txn may still land.
+async fn settle_split(splitting: Option<Split>) {
+    if let Some(task) = splitting {
+        task.settle().await;
     }
 }
 

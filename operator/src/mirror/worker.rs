@@ -293,12 +293,25 @@ impl Worker {
 
     /// The checkpoint record this worker would write now.
     pub(super) fn checkpoint(&self, state: &State, revision: i64, synced: bool) -> Checkpoint {
+        self.checkpoint_for(state, &state.layout, &state.leases, &state.keys, revision, synced)
+    }
+
+    /// The checkpoint record of a lease layout (the current one, or one about to be used).
+    pub(super) fn checkpoint_for(
+        &self,
+        state: &State,
+        layout: &super::shards::Layout,
+        leases: &[i64],
+        keys: &[i64],
+        revision: i64,
+        synced: bool,
+    ) -> Checkpoint {
         Checkpoint {
             owner: self.config.owner_id.clone(),
             revision,
-            leases: state.leases.clone(),
-            slots: if state.layout.is_uniform() { Vec::new() } else { state.layout.slots().to_vec() },
-            keys: state.keys.clone(),
+            leases: leases.to_vec(),
+            slots: if layout.is_uniform() { Vec::new() } else { layout.slots().to_vec() },
+            keys: keys.to_vec(),
             synced,
             retiring: state.retiring.clone(),
             origin_cluster_id: state.origin_cluster_id,
