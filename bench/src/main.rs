@@ -4,7 +4,7 @@
 //!
 //! `aether-bench worker ...` is the mirror under test as its own process, so that its memory can
 //! be measured.
-use aether_harness::{EtcdFlavor, EtcdServer, ManagedProcess, tool_path};
+use aether_harness::{EtcdFlavor, EtcdServer, FaultProxy, ManagedProcess, tool_path};
 use aether_operator::keys;
 use aether_operator::mirror::{self, EtcdTarget, MirrorConfig, MirrorHandle, Phase};
 use etcd_client::{Client, GetOptions, PutOptions, Txn, TxnOp, WatchOptions};
@@ -34,8 +34,8 @@ async fn main() -> anyhow::Result<()> {
     if args.get(1).map(String::as_str) == Some("worker") {
         return worker_process(&args[2..]).await;
     }
-    // `aether-bench [scenario...]`: sync, catchup, steady, leases, drain, operator, fanout, scale;
-    // all by default.
+    // `aether-bench [scenario...]`: sync, catchup, steady, leases, drain, operator, fanout, scale,
+    // wan (sync, catch-up and steady with the peer behind a 50 and a 150 ms proxy); all by default.
     let only: Vec<String> = args[1..].to_vec();
     let want = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
     let mut table = Table::default();
@@ -43,11 +43,11 @@ async fn main() -> anyhow::Result<()> {
         bench_sync(&mut table).await?;
     }
     if want("catchup") {
-        bench_catchup(&mut table).await?;
+        bench_catchup(&mut table, Duration::ZERO).await?;
     }
     if want("steady") {
-        bench_steady(&mut table, 0).await?;
-        bench_steady(&mut table, STEADY_PRELOAD).await?;
+        bench_steady(&mut table, 0, Duration::ZERO).await?;
+        bench_steady(&mut table, STEADY_PRELOAD, Duration::ZERO).await?;
     }
     if want("leases") {
         bench_leases(&mut table).await?;
@@ -63,6 +63,13 @@ async fn main() -> anyhow::Result<()> {
     }
     if want("scale") {
         bench_scale(&mut table).await?;
+    }
+    if want("wan") {
+        for rtt in [Duration::from_millis(50), Duration::from_millis(150)] {
+            bench_wan_sync(&mut table, rtt).await?;
+            bench_catchup(&mut table, rtt).await?;
+            bench_steady(&mut table, 0, rtt).await?;
+        }
     }
     println!("\n{}", table.render());
     let json = std::env::var_os("AETHER_BENCH_JSON")
@@ -207,7 +214,7 @@ fn rate(keys: usize, d: Duration) -> f64 {
 }
 
 /// make-mirror of a's subtree from `origin` into `peer`.
-fn make_mirror(origin: &EtcdServer, peer: &EtcdServer, log: &std::path::Path) -> anyhow::Result<ManagedProcess> {
+fn make_mirror(origin: &EtcdServer, peer: &str, log: &std::path::Path) -> anyhow::Result<ManagedProcess> {
     let mut cmd = Command::new(tool_path("etcdctl")?);
     // Keys land under the same prefix on the peer, as with this mirror.
     let prefix = keys::region_prefix("a");
@@ -219,7 +226,7 @@ fn make_mirror(origin: &EtcdServer, peer: &EtcdServer, log: &std::path::Path) ->
         &prefix,
         "--dest-prefix",
         &prefix,
-        &peer.endpoint(),
+        peer,
     ]);
     ManagedProcess::spawn("make-mirror", cmd, log)
 }
@@ -266,7 +273,7 @@ async fn bench_sync(table: &mut Table) -> anyhow::Result<()> {
         let _mms: Vec<ManagedProcess> = fresh
             .iter()
             .enumerate()
-            .map(|(i, t)| make_mirror(&origin, t, &dir.path().join(format!("mm-{peers}-{i}.log"))))
+            .map(|(i, t)| make_mirror(&origin, &t.endpoint(), &dir.path().join(format!("mm-{peers}-{i}.log"))))
             .collect::<Result<_, _>>()?;
         let mut done = true;
         for t in &fresh {
@@ -448,15 +455,19 @@ async fn bench_scale(table: &mut Table) -> anyhow::Result<()> {
     let prefix = keys::region_prefix("a");
     let mut one_peer_rate = HashMap::new();
     for (keys_n, peers) in [(10_000usize, 1usize), (100_000, 1), (1_000_000, 1), (1_000_000, 3)] {
-        let origin = EtcdServer::start_with("sc-a", EtcdFlavor::Default, &["--quota-backend-bytes", "8589934592"]).await?;
+        let origin =
+            EtcdServer::start_with("sc-a", EtcdFlavor::Default, &["--quota-backend-bytes", "8589934592"]).await?;
         let oc = Client::connect([origin.endpoint()], None).await?;
         fill(&oc, keys_n, "sc").await?;
         let names: Vec<String> = (0..peers).map(|i| format!("sc-p{i}")).collect();
         let targets: Vec<EtcdServer> = futures::future::try_join_all(
-            names.iter().map(|n| EtcdServer::start_with(n, EtcdFlavor::Default, &["--quota-backend-bytes", "8589934592"])),
+            names
+                .iter()
+                .map(|n| EtcdServer::start_with(n, EtcdFlavor::Default, &["--quota-backend-bytes", "8589934592"])),
         )
         .await?;
-        let specs: Vec<(String, String)> = targets.iter().enumerate().map(|(i, t)| (format!("p{i}"), t.endpoint())).collect();
+        let specs: Vec<(String, String)> =
+            targets.iter().enumerate().map(|(i, t)| (format!("p{i}"), t.endpoint())).collect();
         let mut worker = WorkerProcess::start(&origin.endpoint(), &specs)?;
         let elapsed = worker.wait_synced()?;
         let peak = worker.peak_kb();
@@ -472,7 +483,8 @@ async fn bench_scale(table: &mut Table) -> anyhow::Result<()> {
         }
         // What every watch Txn carries besides the ops: the progress record (owner, revision),
         // whatever the subtree's size; the lease layout is written only when it changes.
-        let progress = aether_operator::mirror::checkpoint::Progress { owner: "bench-p0".into(), revision: keys_n as i64 * 2 };
+        let progress =
+            aether_operator::mirror::checkpoint::Progress { owner: "bench-p0".into(), revision: keys_n as i64 * 2 };
         let bookkeeping = progress.encode().len() + keys::progress_key("a").len();
         let vs_100k = one_peer_rate.get(&100_000).map(|r| r / keys_per_s);
         table.row_with(
@@ -494,6 +506,68 @@ async fn bench_scale(table: &mut Table) -> anyhow::Result<()> {
             }),
         );
     }
+    Ok(())
+}
+
+/// The peer as the mirror reaches it: directly, or through a proxy `rtt` away.
+async fn behind(peer: &EtcdServer, rtt: Duration) -> anyhow::Result<(Option<FaultProxy>, String)> {
+    if rtt.is_zero() {
+        return Ok((None, peer.endpoint()));
+    }
+    let proxy = FaultProxy::start(peer.client_addr()).await?;
+    proxy.set_rtt(rtt);
+    let endpoint = proxy.endpoint("http");
+    Ok((Some(proxy), endpoint))
+}
+
+fn at_rtt(rtt: Duration) -> String {
+    if rtt.is_zero() { String::new() } else { format!(", peer {} ms away", rtt.as_millis()) }
+}
+
+/// The initial sync of 100k keys into a peer next door and `rtt` away, in process, against
+/// make-mirror the same way (within its budget).
+async fn bench_wan_sync(table: &mut Table, rtt: Duration) -> anyhow::Result<()> {
+    println!("sync {SYNC_KEYS} keys, peer next door and {rtt:?} away");
+    let dir = tempfile_dir()?;
+    let prefix = keys::region_prefix("a");
+    let origin = EtcdServer::start("wan-a").await?;
+    let oc = Client::connect([origin.endpoint()], None).await?;
+    fill(&oc, SYNC_KEYS, "wan").await?;
+    let mut rates = Vec::new();
+    for delay in [Duration::ZERO, rtt] {
+        let peer = EtcdServer::start("wan-b").await?;
+        let (_proxy, endpoint) = behind(&peer, delay).await?;
+        let start = Instant::now();
+        let h = spawn_worker(bench_config("b"), &origin, EtcdTarget::plain([endpoint]));
+        let finished = wait_synced(&h, Duration::from_secs(600)).await.is_ok();
+        let elapsed = start.elapsed();
+        h.shutdown().await;
+        let done = count(&Client::connect([peer.endpoint()], None).await?, &prefix).await;
+        rates.push(rate(done as usize, elapsed));
+        let scenario = format!("sync {SYNC_KEYS} keys{}", at_rtt(delay));
+        let vs = if delay.is_zero() { String::new() } else { format!("; {:.0} % of next door's rate", 100.0 * rates[1] / rates[0]) };
+        table.row_with(
+            &scenario,
+            "this mirror (in process)",
+            format!("{:.0} keys/s", rates.last().copied().unwrap_or(0.0)),
+            format!("{:.2}s{}{vs}", elapsed.as_secs_f64(), if finished { "" } else { " (did not finish)" }),
+            serde_json::json!({"keys": SYNC_KEYS, "rtt_ms": delay.as_millis() as u64, "seconds": elapsed.as_secs_f64(), "missing": SYNC_KEYS as i64 - done}),
+        );
+    }
+    let peer = EtcdServer::start("wan-mm").await?;
+    let (_proxy, endpoint) = behind(&peer, rtt).await?;
+    let start = Instant::now();
+    let _mm = make_mirror(&origin, &endpoint, &dir.path().join("mm-wan.log"))?;
+    let pc = Client::connect([peer.endpoint()], None).await?;
+    let finished = wait_count(&pc, &prefix, SYNC_KEYS, MAKE_MIRROR_BUDGET).await.is_some();
+    let elapsed = start.elapsed();
+    let done = count(&pc, &prefix).await;
+    table.row(
+        &format!("sync {SYNC_KEYS} keys{}", at_rtt(rtt)),
+        "etcdctl make-mirror",
+        format!("{:.0} keys/s", rate(done as usize, elapsed)),
+        format!("{done} keys in {:.0}s{}", elapsed.as_secs_f64(), if finished { "" } else { " (budget reached)" }),
+    );
     Ok(())
 }
 
@@ -529,23 +603,24 @@ async fn worker_process(args: &[String]) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn bench_catchup(table: &mut Table) -> anyhow::Result<()> {
-    println!("catch-up of {CATCHUP_REVISIONS} single-key revisions (64 in flight)");
+async fn bench_catchup(table: &mut Table, rtt: Duration) -> anyhow::Result<()> {
+    println!("catch-up of {CATCHUP_REVISIONS} single-key revisions (64 in flight), peer {rtt:?} away");
     let dir = tempfile_dir()?;
     let prefix = keys::region_prefix("a");
     for subject in ["this mirror", "etcdctl make-mirror"] {
         let (origin, peer) = tokio::try_join!(EtcdServer::start("cu-a"), EtcdServer::start("cu-b"))?;
+        let (_proxy, peer_endpoint) = behind(&peer, rtt).await?;
         let oc = Client::connect([origin.endpoint()], None).await?;
         let pc = Client::connect([peer.endpoint()], None).await?;
         let handle;
         let _mm;
         if subject == "this mirror" {
-            handle = Some(spawn_worker(bench_config("b"), &origin, EtcdTarget::plain([peer.endpoint()])));
+            handle = Some(spawn_worker(bench_config("b"), &origin, EtcdTarget::plain([peer_endpoint.clone()])));
             wait_synced(handle.as_ref().expect("set"), Duration::from_secs(60)).await?;
             _mm = None;
         } else {
             handle = None;
-            _mm = Some(make_mirror(&origin, &peer, &dir.path().join("mm-catchup.log"))?);
+            _mm = Some(make_mirror(&origin, &peer_endpoint, &dir.path().join("mm-catchup.log"))?);
             tokio::time::sleep(Duration::from_secs(1)).await; // let make-mirror start its watch
         }
         let start = Instant::now();
@@ -560,10 +635,10 @@ async fn bench_catchup(table: &mut Table) -> anyhow::Result<()> {
             .into_iter()
             .collect::<Result<Vec<_>, _>>()?;
         let wrote = start.elapsed();
-        let caught = wait_count(&pc, &prefix, CATCHUP_REVISIONS, Duration::from_secs(600)).await;
+        let caught = wait_count(&pc, &prefix, CATCHUP_REVISIONS, MAKE_MIRROR_BUDGET * 3).await;
         let total = start.elapsed();
         table.row(
-            &format!("catch-up {CATCHUP_REVISIONS} revisions"),
+            &format!("catch-up {CATCHUP_REVISIONS} revisions{}", at_rtt(rtt)),
             subject,
             format!("{:.2}s", total.as_secs_f64()),
             format!(
@@ -582,28 +657,29 @@ async fn bench_catchup(table: &mut Table) -> anyhow::Result<()> {
 
 /// New keys at a steady rate into a subtree that starts with `preload` keys (the shards split as
 /// it grows); replication latency from each put's completion to the peer's watch seeing it.
-async fn bench_steady(table: &mut Table, preload: usize) -> anyhow::Result<()> {
-    println!("steady state: {STEADY_RATE} new keys/s for {STEADY_SECONDS}s onto {preload} keys");
+async fn bench_steady(table: &mut Table, preload: usize, rtt: Duration) -> anyhow::Result<()> {
+    println!("steady state: {STEADY_RATE} new keys/s for {STEADY_SECONDS}s onto {preload} keys, peer {rtt:?} away");
     let dir = tempfile_dir()?;
     let scenario = if preload == 0 {
-        format!("steady {STEADY_RATE}/s for {STEADY_SECONDS}s, growing from empty")
+        format!("steady {STEADY_RATE}/s for {STEADY_SECONDS}s, growing from empty{}", at_rtt(rtt))
     } else {
-        format!("steady {STEADY_RATE}/s for {STEADY_SECONDS}s onto {preload} keys")
+        format!("steady {STEADY_RATE}/s for {STEADY_SECONDS}s onto {preload} keys{}", at_rtt(rtt))
     };
     for subject in ["this mirror", "etcdctl make-mirror"] {
         let (origin, peer) = tokio::try_join!(EtcdServer::start("st-a"), EtcdServer::start("st-b"))?;
+        let (_proxy, peer_endpoint) = behind(&peer, rtt).await?;
         let oc = Client::connect([origin.endpoint()], None).await?;
         fill(&oc, preload, "pre").await?;
         let mut pc = Client::connect([peer.endpoint()], None).await?;
         let handle = if subject == "this mirror" {
-            let h = spawn_worker(bench_config("b"), &origin, EtcdTarget::plain([peer.endpoint()]));
-            wait_synced(&h, Duration::from_secs(120)).await?;
+            let h = spawn_worker(bench_config("b"), &origin, EtcdTarget::plain([peer_endpoint.clone()]));
+            wait_synced(&h, Duration::from_secs(300)).await?;
             Some(h)
         } else {
             None
         };
         let _mm =
-            if handle.is_none() { Some(make_mirror(&origin, &peer, &dir.path().join("mm-steady.log"))?) } else { None };
+            if handle.is_none() { Some(make_mirror(&origin, &peer_endpoint, &dir.path().join("mm-steady.log"))?) } else { None };
         tokio::time::sleep(Duration::from_secs(1)).await;
 
         let acked: Arc<Mutex<HashMap<Vec<u8>, Instant>>> = Arc::default();

@@ -8,7 +8,7 @@
 //! no canary, or `synced: false`, must not read "no endpoints" as "the origin has none".
 use super::health::{MirrorEvent, Phase, ResyncCause};
 use super::keepalive::KeeperSignal;
-use super::plan::{Kv, SyncBatcher, enforce_request_limit, merge_step, next_page_limit};
+use super::plan::{Kv, SyncBatcher, enforce_request_limit, merge_step, next_page_limit, sync_window};
 use super::session::Applied;
 use super::shards::{Layout, needs_reshard, shard_count};
 use super::target::kv;
@@ -90,6 +90,7 @@ impl Worker {
             return Ok(Some(by));
         }
 
+        let window = sync_window(self.config.sync_parallelism, self.peer_round_trip(peer).await, self.config.max_txn_bytes);
         let shards = state.leases.len();
         let layout = state.layout.clone();
         let leases = state.leases.clone();
@@ -150,7 +151,7 @@ impl Worker {
                     oversized.push(o);
                 }
                 if let Some(batch) = batcher.push(op) {
-                    while inflight.len() >= self.config.sync_parallelism {
+                    while inflight.len() >= window {
                         if let Some(by) = settle(inflight.next().await)? {
                             return Ok(Some(by));
                         }
@@ -239,6 +240,18 @@ impl Worker {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// The peer's round trip: the fastest of three status calls (None if none answered).
+    async fn peer_round_trip(&self, peer: &Client) -> Option<std::time::Duration> {
+        let mut fastest: Option<std::time::Duration> = None;
+        for _ in 0..3 {
+            let started = std::time::Instant::now();
+            if self.rpc("measure the peer's round trip", peer.clone().status()).await.is_ok() {
+                fastest = Some(fastest.map_or(started.elapsed(), |f| f.min(started.elapsed())));
+            }
+        }
+        fastest
     }
 
     async fn grant(&self, peer: &mut Client, shard: usize) -> anyhow::Result<i64> {
