@@ -118,17 +118,19 @@ impl TxnLimits {
 /// What one peer Txn of a sync costs the peer to apply, about (126 puts at the loopback bench's
 /// 30,000 keys/s); the window covers the round trip in multiples of it.
 pub const PEER_TXN_SERVICE: std::time::Duration = std::time::Duration::from_millis(4);
-/// Sync Txns in flight hold at most this many bytes together.
+/// Sync Txns in flight hold at most this many bytes together (the sync waits for one to land
+/// before sending more), whatever the window.
 pub const MAX_SYNC_INFLIGHT_BYTES: usize = 32 << 20;
+/// The most sync Txns in flight, however far the peer.
+pub const MAX_SYNC_WINDOW: usize = 64;
 
 /// Sync Txns to keep in flight: the configured number, plus enough to cover the peer's measured
-/// round trip (so a peer 150 ms away is written as fast as one next door, as far as the peer
-/// keeps up), bounded by bytes in flight (pure).
-pub fn sync_window(configured: usize, rtt: Option<std::time::Duration>, max_txn_bytes: usize) -> usize {
+/// round trip (so a peer 150 ms away is written about as fast as one next door, as far as the
+/// peer keeps up), at most `MAX_SYNC_WINDOW` (pure).
+pub fn sync_window(configured: usize, rtt: Option<std::time::Duration>) -> usize {
     let configured = configured.max(1);
     let covering = rtt.map_or(0, |rtt| (rtt.as_secs_f64() / PEER_TXN_SERVICE.as_secs_f64()).ceil() as usize);
-    let by_bytes = MAX_SYNC_INFLIGHT_BYTES / max_txn_bytes.max(1);
-    (configured + covering).min(by_bytes.max(configured))
+    (configured + covering).min(MAX_SYNC_WINDOW.max(configured))
 }
 
 /// Accumulates sync ops into Txn-sized batches. Keys of one sync pass are distinct, so batches
@@ -283,14 +285,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_sync_window_covers_the_round_trip_within_a_byte_budget() {
+    fn the_sync_window_covers_the_round_trip() {
         let ms = std::time::Duration::from_millis;
-        assert_eq!(sync_window(4, None, 1 << 20), 4);
-        assert_eq!(sync_window(4, Some(ms(0)), 1 << 20), 4, "next door: the configured window");
-        assert_eq!(sync_window(4, Some(ms(50)), 1 << 20), 4 + 13);
-        assert_eq!(sync_window(4, Some(ms(150)), 1 << 20), 32, "38 would hold more than 32 MiB");
-        assert_eq!(sync_window(4, Some(ms(150)), 256 << 10), 4 + 38);
-        assert_eq!(sync_window(8, Some(ms(150)), 16 << 20), 8, "never below the configured window");
+        assert_eq!(sync_window(4, None), 4);
+        assert_eq!(sync_window(4, Some(ms(0))), 4, "next door: the configured window");
+        assert_eq!(sync_window(4, Some(ms(50))), 4 + 13);
+        assert_eq!(sync_window(4, Some(ms(150))), 4 + 38);
+        assert_eq!(sync_window(4, Some(ms(1000))), MAX_SYNC_WINDOW);
+        assert_eq!(sync_window(80, Some(ms(150))), 80, "never below the configured window");
     }
     use proptest::prelude::*;
     use std::collections::BTreeMap;

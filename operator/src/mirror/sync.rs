@@ -8,7 +8,9 @@
 //! no canary, or `synced: false`, must not read "no endpoints" as "the origin has none".
 use super::health::{MirrorEvent, Phase, ResyncCause};
 use super::keepalive::KeeperSignal;
-use super::plan::{Kv, SyncBatcher, enforce_request_limit, merge_step, next_page_limit, sync_window};
+use super::plan::{
+    Kv, MAX_SYNC_INFLIGHT_BYTES, MirrorOp, SyncBatcher, enforce_request_limit, merge_step, next_page_limit, sync_window,
+};
 use super::session::Applied;
 use super::shards::{Layout, needs_reshard, shard_count};
 use super::target::kv;
@@ -90,13 +92,14 @@ impl Worker {
             return Ok(Some(by));
         }
 
-        let window = sync_window(self.config.sync_parallelism, self.peer_round_trip(peer).await, self.config.max_txn_bytes);
+        let window = sync_window(self.config.sync_parallelism, self.peer_round_trip(peer).await);
         let shards = state.leases.len();
         let layout = state.layout.clone();
         let leases = state.leases.clone();
         let mut batcher = SyncBatcher::new(self.limits(state));
         let mut counts = vec![0i64; shards];
         let mut inflight = FuturesUnordered::new();
+        let mut inflight_bytes = 0usize;
         let (mut origin_buf, mut peer_buf) = (VecDeque::new(), VecDeque::new());
         let (mut origin_cursor, mut peer_cursor) = (prefix.clone().into_bytes(), prefix.clone().into_bytes());
         let (mut origin_done, mut peer_done) = (false, false);
@@ -151,12 +154,19 @@ impl Worker {
                     oversized.push(o);
                 }
                 if let Some(batch) = batcher.push(op) {
-                    while inflight.len() >= window {
-                        if let Some(by) = settle(inflight.next().await)? {
+                    let bytes: usize = batch.iter().map(MirrorOp::wire_size).sum();
+                    while inflight.len() >= window
+                        || (!inflight.is_empty() && inflight_bytes + bytes > MAX_SYNC_INFLIGHT_BYTES)
+                    {
+                        let (result, landed) = inflight.next().await.expect("not empty");
+                        inflight_bytes -= landed;
+                        if let Some(by) = settle(Some(result))? {
                             return Ok(Some(by));
                         }
                     }
-                    inflight.push(self.apply(peer, epoch, batch, &leases, Vec::new()));
+                    inflight_bytes += bytes;
+                    let apply = self.apply(peer, epoch, batch, &leases, Vec::new());
+                    inflight.push(async move { (apply.await, bytes) });
                 }
             }
             if origin_done && peer_done && origin_buf.is_empty() && peer_buf.is_empty() {
@@ -164,9 +174,10 @@ impl Worker {
             }
         }
         if let Some(batch) = batcher.take() {
-            inflight.push(self.apply(peer, epoch, batch, &leases, Vec::new()));
+            let apply = self.apply(peer, epoch, batch, &leases, Vec::new());
+            inflight.push(async move { (apply.await, 0) });
         }
-        while let Some(result) = inflight.next().await {
+        while let Some((result, _)) = inflight.next().await {
             if let Some(by) = settle(Some(result))? {
                 return Ok(Some(by));
             }
