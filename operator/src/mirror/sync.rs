@@ -166,7 +166,7 @@ impl Worker {
                     }
                     inflight_bytes += bytes;
                     let apply = self.apply(peer, epoch, batch, &leases, Vec::new());
-                    inflight.push(async move { (apply.await, bytes) });
+                    inflight.push(with_bytes(apply, bytes));
                 }
             }
             if origin_done && peer_done && origin_buf.is_empty() && peer_buf.is_empty() {
@@ -175,7 +175,7 @@ impl Worker {
         }
         if let Some(batch) = batcher.take() {
             let apply = self.apply(peer, epoch, batch, &leases, Vec::new());
-            inflight.push(async move { (apply.await, 0) });
+            inflight.push(with_bytes(apply, 0));
         }
         while let Some((result, _)) = inflight.next().await {
             if let Some(by) = settle(Some(result))? {
@@ -278,6 +278,12 @@ impl Worker {
         let options = (lease != 0).then(|| PutOptions::new().with_lease(lease));
         TxnOp::put(keys::canary_key(&self.config.origin), value.to_string(), options)
     }
+}
+
+/// A batch Txn with the bytes it carries, released from the in-flight budget when it lands.
+async fn with_bytes<F: std::future::Future>(apply: F, bytes: usize) -> (F::Output, usize) {
+    (apply.await, bytes)
+}
 }
 
 fn settle(result: Option<anyhow::Result<Applied>>) -> anyhow::Result<Option<String>> {
