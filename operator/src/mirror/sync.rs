@@ -284,7 +284,6 @@ impl Worker {
 async fn with_bytes<F: std::future::Future>(apply: F, bytes: usize) -> (F::Output, usize) {
     (apply.await, bytes)
 }
-}
 
 fn settle(result: Option<anyhow::Result<Applied>>) -> anyhow::Result<Option<String>> {
     match result {
