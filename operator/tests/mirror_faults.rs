@@ -714,3 +714,37 @@ async fn randomized_writes_member_kills_and_network_faults_converge() {
     converged(&o, &p, "a", Duration::from_secs(120)).await;
     handle.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_peer_far_away_gets_pipelined_batches_applied_in_order() {
+    // Overwrites of few keys, fast: batches in flight together must still apply in order, or a
+    // key would end with an older value.
+    let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("b")).unwrap();
+    let proxy = FaultProxy::start(peer.client_addr()).await.unwrap();
+    proxy.set_rtt(Duration::from_millis(120));
+    let mut o = connect(&[origin.endpoint()], None).await;
+    write_keys(&mut o, "a", 0..20, "v0").await;
+    let (handle, _e) =
+        start(config("w1"), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([proxy.endpoint("http")]));
+    wait_synced(&handle).await;
+    let writers: Vec<_> = (0..8)
+        .map(|w| {
+            let mut o = o.clone();
+            tokio::spawn(async move {
+                for round in 0..60 {
+                    let i = (w * 7 + round) % 20;
+                    o.put(endpoint_key("a", i), endpoint_value("a", i, &format!("w{w}r{round}")), None).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.await.unwrap();
+    }
+    let p = connect(&[peer.endpoint()], None).await;
+    converged(&o, &p, "a", DEADLINE).await;
+    let health = handle.health();
+    assert!(health.txns < 480, "{} peer Txns for 480 origin writes", health.txns);
+    assert_eq!(health.session_failures, 0, "{health:?}");
+    handle.shutdown().await;
+}

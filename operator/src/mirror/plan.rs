@@ -121,6 +121,16 @@ pub const PEER_TXN_SERVICE: std::time::Duration = std::time::Duration::from_mill
 /// Sync Txns in flight hold at most this many bytes together (the sync waits for one to land
 /// before sending more), whatever the window.
 pub const MAX_SYNC_INFLIGHT_BYTES: usize = 32 << 20;
+/// The most watch batch Txns in flight, however far the peer.
+pub const MAX_WATCH_PIPELINE: usize = 16;
+
+/// Watch batch Txns to keep in flight (pure): one while the peer's round trip is shorter than
+/// applying a Txn, so that revisions coalesce into few Txns; more as the round trip grows, so
+/// that a peer 150 ms away keeps up with a busy origin.
+pub fn watch_depth(rtt: Option<std::time::Duration>) -> usize {
+    let covering = rtt.map_or(0, |rtt| (rtt.as_secs_f64() / PEER_TXN_SERVICE.as_secs_f64()).floor() as usize);
+    (1 + covering).min(MAX_WATCH_PIPELINE)
+}
 /// The most sync Txns in flight, however far the peer.
 pub const MAX_SYNC_WINDOW: usize = 64;
 
@@ -190,13 +200,13 @@ pub struct WatchBatch {
 /// `split_ops_consumed`, so that the caller can say so.
 ///
 /// `applied_through` is the revision the peer already holds completely.
-pub fn next_watch_batch(
-    pending: &VecDeque<Revision>,
+pub fn next_watch_batch<'a>(
+    pending: impl IntoIterator<Item = &'a Revision> + Clone,
     already_split: usize,
     applied_through: i64,
     limits: TxnLimits,
 ) -> Option<WatchBatch> {
-    let first = pending.front()?;
+    let first = pending.clone().into_iter().next()?;
     let mut ops: Vec<MirrorOp> = Vec::new();
     let mut index: HashMap<Vec<u8>, usize> = HashMap::new();
     let mut count = 0usize;
@@ -283,6 +293,15 @@ pub fn enforce_request_limit(op: MirrorOp, max_request_bytes: usize, reserved: u
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_watch_pipeline_deepens_only_across_distance() {
+        let ms = std::time::Duration::from_millis;
+        assert_eq!(watch_depth(None), 1);
+        assert_eq!(watch_depth(Some(ms(1))), 1, "next door: one batch at a time, coalescing");
+        assert_eq!(watch_depth(Some(ms(50))), 13);
+        assert_eq!(watch_depth(Some(ms(150))), MAX_WATCH_PIPELINE);
+    }
 
     #[test]
     fn the_sync_window_covers_the_round_trip() {

@@ -39,6 +39,22 @@ pub(super) enum WatchEnd {
     Resync(ResyncCause),
 }
 
+/// What the progress record holds before a pipelined batch applies.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum ProgressExpectation {
+    Value(Vec<u8>),
+    Absent,
+}
+
+/// How a pipelined batch went.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum Chained {
+    Applied,
+    Fenced(String),
+    /// It reached the peer before the batch it follows: nothing changed; send it again.
+    OutOfOrder,
+}
+
 impl Worker {
     pub(super) async fn session(
         &self,
@@ -247,6 +263,64 @@ impl Worker {
             anyhow::bail!("another worker changed the owner of this mirror while this one took over; retrying");
         }
         resp.header().map(|h| h.revision()).ok_or_else(|| anyhow!("txn response without header"))
+    }
+
+    /// One watch batch Txn in a pipeline: applies only while the owner key has this session's
+    /// epoch and the progress record is `expect` (what the batch before it writes), and writes
+    /// `progress`. A batch that reached the peer before its predecessor changes nothing and says
+    /// so, to be sent again once the predecessor landed; so batches apply in order however many
+    /// are in flight.
+    pub(super) fn apply_chained(
+        &self,
+        peer: &Client,
+        epoch: i64,
+        ops: Vec<MirrorOp>,
+        leases: &[i64],
+        expect: &ProgressExpectation,
+        progress: Vec<u8>,
+    ) -> impl Future<Output = anyhow::Result<Chained>> + Send + 'static {
+        let owner_key = keys::owner_key(&self.config.origin);
+        let progress_key = keys::progress_key(&self.config.origin);
+        let mut txn_ops: Vec<TxnOp> = ops
+            .into_iter()
+            .map(|op| match op {
+                MirrorOp::Put { key, value, shard } => {
+                    TxnOp::put(key, value, Some(PutOptions::new().with_lease(leases[shard])))
+                }
+                MirrorOp::Delete { key } => TxnOp::delete(key, None),
+            })
+            .collect();
+        txn_ops.push(TxnOp::put(progress_key.as_str(), progress, None));
+        let in_order = match expect {
+            ProgressExpectation::Value(value) => Compare::value(progress_key.as_str(), CompareOp::Equal, value.clone()),
+            ProgressExpectation::Absent => Compare::version(progress_key.as_str(), CompareOp::Equal, 0),
+        };
+        let txn = Txn::new()
+            .when([Compare::mod_revision(owner_key.as_str(), CompareOp::Equal, epoch), in_order])
+            .and_then(txn_ops)
+            .or_else([TxnOp::get(owner_key.as_str(), None)]);
+        let timeout = self.config.rpc_timeout;
+        let shared = self.shared.clone();
+        let mut kv = super::target::kv(peer);
+        async move {
+            let resp = match tokio::time::timeout(timeout, kv.txn(txn)).await {
+                Err(_) => anyhow::bail!("peer txn: timed out after {timeout:?}"),
+                Ok(r) => r.context("peer txn")?,
+            };
+            shared.detector_success();
+            if resp.succeeded() {
+                return Ok(Chained::Applied);
+            }
+            let owner = resp.op_responses().into_iter().find_map(|r| match r {
+                TxnOpResponse::Get(get) => get.kvs().first().map(|kv| (kv.mod_revision(), Owner::decode(kv.value()))),
+                _ => None,
+            });
+            Ok(match owner {
+                Some((revision, _)) if revision == epoch => Chained::OutOfOrder,
+                Some((_, owner)) => Chained::Fenced(owner.map_or_else(|| "unknown".to_string(), |o| o.owner)),
+                None => Chained::Fenced("nobody (the owner key was deleted)".to_string()),
+            })
+        }
     }
 
     /// One batch Txn: applies only while the owner key still has this session's epoch, so that

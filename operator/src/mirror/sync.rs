@@ -254,7 +254,7 @@ impl Worker {
     }
 
     /// The peer's round trip: the fastest of three status calls (None if none answered).
-    async fn peer_round_trip(&self, peer: &Client) -> Option<std::time::Duration> {
+    pub(super) async fn peer_round_trip(&self, peer: &Client) -> Option<std::time::Duration> {
         let mut fastest: Option<std::time::Duration> = None;
         for _ in 0..3 {
             let started = std::time::Instant::now();

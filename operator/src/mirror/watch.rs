@@ -8,8 +8,8 @@
 //! request, for longer than the stall timeout is treated as broken, never as an idle subtree.
 use super::health::{MirrorEvent, Phase, ResyncCause};
 use super::keepalive::KeeperSignal;
-use super::plan::{MirrorOp, Revision, SyncBatcher, WatchBatch, enforce_request_limit, next_watch_batch};
-use super::session::{Applied, WatchEnd};
+use super::plan::{MirrorOp, Revision, SyncBatcher, WatchBatch, enforce_request_limit, next_watch_batch, watch_depth};
+use super::session::{Applied, Chained, ProgressExpectation, WatchEnd};
 use super::shards::overfull_shard;
 use super::split::{Advance, Split, retarget};
 use super::sync::{RESERVED_REQUEST_BYTES, page_kvs};
@@ -19,13 +19,17 @@ use crate::keys;
 use anyhow::{Context, anyhow};
 use etcd_client::{Client, EventType, WatchOptions};
 use std::collections::VecDeque;
-use std::future::Future;
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::mpsc;
 use tracing::warn;
 
-/// A watch batch Txn in flight.
-type BatchFuture = std::pin::Pin<Box<dyn Future<Output = anyhow::Result<(Applied, WatchBatch)>> + Send>>;
+/// A watch batch Txn in flight, with what it carries and the progress record it expects.
+struct InFlight {
+    task: tokio::task::JoinHandle<anyhow::Result<Chained>>,
+    batch: WatchBatch,
+    expect: ProgressExpectation,
+    progress: Vec<u8>,
+}
 
 /// What a pending revision changes once applied.
 struct RevisionMeta {
@@ -65,7 +69,15 @@ impl Worker {
         let mut progress_revision = 0i64;
         let mut fragment_open = false;
         let mut last_message = Instant::now();
-        let mut inflight: Option<BatchFuture> = None;
+        // Batch Txns in flight, oldest first: enough to cover the peer's round trip, each one
+        // applying only after the one before it (see `apply_chained`).
+        let mut inflight: VecDeque<InFlight> = VecDeque::new();
+        let depth = watch_depth(self.peer_round_trip(peer).await);
+        let mut chain = self.progress_now(peer).await?;
+        // Revisions (from the front of `pending`) in flight, and the revision they reach.
+        let (mut dispatched, mut through_dispatched) = (0usize, state.applied);
+        // Batches sent and landed; a split lists its old lease once those sent before it landed.
+        let (mut sent, mut landed, mut split_barrier) = (0u64, 0u64, 0u64);
         let mut ticker = tokio::time::interval(self.config.progress_interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let verifying = !self.config.verify_interval.is_zero();
@@ -94,17 +106,25 @@ impl Worker {
                         warn!(lease = lost, shard, "lease lost; its keys are gone from the peer");
                         // The sync grants its replacement and records it before moving keys.
                         state.leases[shard] = 0;
-                        settle_inflight(inflight.take()).await?;
+                        settle_inflight(std::mem::take(&mut inflight)).await?;
                         settle_split(splitting.take()).await;
                         return Ok(WatchEnd::Resync(ResyncCause::LeaseLost));
                     }
                 }
-                result = async { inflight.as_mut().expect("guarded").await }, if inflight.is_some() => {
-                    inflight = None;
-                    let (applied, batch) = result?;
-                    if let Applied::Fenced(by) = applied {
-                        return Ok(WatchEnd::Fenced(by));
-                    }
+                result = async { (&mut inflight.front_mut().expect("guarded").task).await }, if !inflight.is_empty() => {
+                    let done = inflight.pop_front().expect("guarded");
+                    let batch = match result.map_err(|e| anyhow!("a peer Txn task ended: {e}"))?? {
+                        Chained::Fenced(by) => return Ok(WatchEnd::Fenced(by)),
+                        // Its predecessor has landed by now: the same batch again, first in line.
+                        Chained::OutOfOrder => {
+                            let task = self.spawn_batch(peer, epoch, &done.batch, &done.expect, done.progress.clone(), state);
+                            inflight.push_front(InFlight { task, ..done });
+                            continue;
+                        }
+                        Chained::Applied => done.batch,
+                    };
+                    landed += 1;
+                    dispatched -= batch.revisions_consumed;
                     for _ in 0..batch.revisions_consumed {
                         if let Some(rev) = pending.pop_front() {
                             pending_ops -= rev.ops.len();
@@ -146,7 +166,7 @@ impl Worker {
                     if response.canceled() {
                         if response.compact_revision() > 0 {
                             warn!(compacted = response.compact_revision(), needed = state.applied + 1, "origin compacted past the mirror's revision");
-                            settle_inflight(inflight.take()).await?;
+                            settle_inflight(std::mem::take(&mut inflight)).await?;
                             settle_split(splitting.take()).await;
                             return Ok(WatchEnd::Resync(ResyncCause::Compacted));
                         }
@@ -218,7 +238,13 @@ impl Worker {
                         (Advance::Fenced(by), _) => return Ok(WatchEnd::Fenced(by)),
                         (Advance::Done, _) => splitting = None,
                         (Advance::Going, true) => {
-                            retarget(pending.iter_mut().zip(pending_meta.iter_mut().map(|m| &mut m.deltas)), &state.layout);
+                            // Revisions already sent keep their leases; the split lists the old
+                            // lease once they landed.
+                            retarget(
+                                pending.range_mut(dispatched..).zip(pending_meta.range_mut(dispatched..).map(|m| &mut m.deltas)),
+                                &state.layout,
+                            );
+                            split_barrier = sent;
                         }
                         (Advance::Going, false) => {}
                     }
@@ -240,7 +266,7 @@ impl Worker {
             // advances, so an idle subtree does not look stale. It is never recorded nor resumed
             // from: etcd before 3.4.24 and 3.5.8 can send a progress notification ahead of events
             // still on their way (etcd issue 15220), and a successor would skip them.
-            if inflight.is_none() && pending.is_empty() && progress_revision > state.applied {
+            if inflight.is_empty() && pending.is_empty() && progress_revision > state.applied {
                 let watermark = progress_revision;
                 self.shared.update(|h| {
                     h.last_applied_revision = h.last_applied_revision.max(watermark);
@@ -252,7 +278,8 @@ impl Worker {
             // the moment to compare a page.
             // Not between the parts of a split revision either: the peer then holds part of one.
             // Nor while a split moves keys: a key between two leases is not drift.
-            if verify_due && inflight.is_none() && !fragment_open && split == 0 && splitting.is_none() {
+            let verify_now = verify_due && !fragment_open && split == 0 && splitting.is_none();
+            if verify_now && inflight.is_empty() {
                 verify_due = false;
                 if let Some(by) = self.verify_page(local, peer, state, epoch).await? {
                     return Ok(WatchEnd::Fenced(by));
@@ -266,14 +293,37 @@ impl Worker {
                 splitting = Some(self.start_split(peer, shard));
             }
             if let Some(task) = splitting.as_mut() {
-                self.drive_split(task, peer, state, epoch, inflight.is_some());
+                self.drive_split(task, peer, state, epoch, landed < split_barrier);
             }
-            // While a fragmented response is incomplete, its last revision may be partial.
-            if inflight.is_none()
-                && !fragment_open
-                && let Some(batch) = next_watch_batch(&pending, split, state.applied, limits)
-            {
-                inflight = Some(self.apply_watch_batch(peer, epoch, batch, state));
+            // While a fragmented response is incomplete, its last revision may be partial; a
+            // verification due waits for the batches in flight to land.
+            while inflight.len() < depth && !fragment_open && !verify_now {
+                // A revision larger than one Txn goes alone, in parts.
+                if split > 0 && !inflight.is_empty() {
+                    break;
+                }
+                let Some(batch) = next_watch_batch(
+                    pending.range(dispatched..),
+                    if dispatched == 0 { split } else { 0 },
+                    through_dispatched,
+                    limits,
+                ) else {
+                    break;
+                };
+                if batch.revisions_consumed == 0 && !inflight.is_empty() {
+                    break;
+                }
+                through_dispatched = through_dispatched.max(batch.applied_through);
+                dispatched += batch.revisions_consumed;
+                sent += 1;
+                let progress = self.progress_value(through_dispatched.max(state.applied));
+                let expect = std::mem::replace(&mut chain, ProgressExpectation::Value(progress.clone()));
+                let task = self.spawn_batch(peer, epoch, &batch, &expect, progress.clone(), state);
+                let alone = batch.revisions_consumed == 0;
+                inflight.push_back(InFlight { task, batch, expect, progress });
+                if alone {
+                    break;
+                }
             }
         }
     }
@@ -361,10 +411,28 @@ impl Worker {
         Ok(None)
     }
 
-    fn apply_watch_batch(&self, peer: &Client, epoch: i64, batch: WatchBatch, state: &State) -> BatchFuture {
-        let bookkeeping = vec![self.progress_op(batch.applied_through.max(state.applied))];
-        let apply = self.apply(peer, epoch, batch.ops.clone(), &state.leases, bookkeeping);
-        Box::pin(async move { apply.await.map(|applied| (applied, batch)) })
+    /// Sends one batch, in its own task so that several can be in flight.
+    fn spawn_batch(
+        &self,
+        peer: &Client,
+        epoch: i64,
+        batch: &WatchBatch,
+        expect: &ProgressExpectation,
+        progress: Vec<u8>,
+        state: &State,
+    ) -> tokio::task::JoinHandle<anyhow::Result<Chained>> {
+        tokio::spawn(self.apply_chained(peer, epoch, batch.ops.clone(), &state.leases, expect, progress))
+    }
+
+    /// The progress record on the peer now: what the first batch of this watch expects.
+    async fn progress_now(&self, peer: &Client) -> anyhow::Result<ProgressExpectation> {
+        let resp = self
+            .rpc("read the progress record", super::target::kv(peer).get(keys::progress_key(&self.config.origin), None))
+            .await?;
+        Ok(match resp.kvs().first() {
+            Some(kv) => ProgressExpectation::Value(kv.value().to_vec()),
+            None => ProgressExpectation::Absent,
+        })
     }
 }
 
@@ -375,11 +443,11 @@ async fn settle_split(splitting: Option<Split>) {
     }
 }
 
-/// Waits for a batch Txn that was sent before a resync: it may still commit, and under this
-/// session's epoch nothing would fence it against the sync's writes.
-async fn settle_inflight(inflight: Option<BatchFuture>) -> anyhow::Result<()> {
-    if let Some(batch) = inflight {
-        batch.await?;
+/// Waits for the batch Txns sent before a resync: they may still commit, and under this
+/// session's epoch nothing would fence them against the sync's writes.
+async fn settle_inflight(inflight: VecDeque<InFlight>) -> anyhow::Result<()> {
+    for batch in inflight {
+        batch.task.await.map_err(|e| anyhow!("a peer Txn task ended: {e}"))??;
     }
     Ok(())
 }

@@ -323,8 +323,12 @@ impl Worker {
     }
 
     pub(super) fn progress_op(&self, revision: i64) -> TxnOp {
-        let progress = Progress { owner: self.config.owner_id.clone(), revision };
-        TxnOp::put(keys::progress_key(&self.config.origin), progress.encode(), None)
+        TxnOp::put(keys::progress_key(&self.config.origin), self.progress_value(revision), None)
+    }
+
+    /// The progress record's value for `revision`.
+    pub(super) fn progress_value(&self, revision: i64) -> Vec<u8> {
+        Progress { owner: self.config.owner_id.clone(), revision }.encode()
     }
 
     /// What one peer Txn may carry: the configured limits (ops lowered if the peer said so), less
