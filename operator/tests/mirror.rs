@@ -619,3 +619,25 @@ async fn a_shard_past_the_cap_splits_online_without_a_resync_and_moves_few_keys(
     let _ = p.status().await;
     handle.shutdown().await;
 }
+
+#[tokio::test]
+async fn an_idle_origin_is_silent_not_stalled_and_keepalives_over_one_stream_succeed() {
+    let pair = pair().await;
+    let mut o = client(&pair.origin).await;
+    write_keys(&mut o, "a", 0..640, "v1").await;
+    let mut cfg = config("w1");
+    cfg.max_keys_per_lease = 20; // 64 leases on one keepalive stream
+    let (handle, _events) = start(cfg, &pair);
+    wait_synced(&handle).await;
+    let rounds = handle.health().keepalive_rounds;
+    let mut rx = handle.subscribe();
+    tokio::time::timeout(DEADLINE, rx.wait_for(|h| h.keepalive_rounds >= rounds + 6))
+        .await
+        .unwrap_or_else(|_| panic!("keepalive rounds did not go on: {:?}", handle.health()))
+        .unwrap();
+    let health = handle.health();
+    assert_eq!(health.keepalive_failures, 0, "{health:?}");
+    assert_eq!(health.session_failures, 0, "{health:?}");
+    assert!(health.leases >= 32, "{health:?}");
+    handle.shutdown().await;
+}

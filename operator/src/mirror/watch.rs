@@ -50,11 +50,9 @@ impl Worker {
         backoff: &mut super::backoff::Backoff,
     ) -> anyhow::Result<WatchEnd> {
         let prefix = keys::region_prefix(&self.config.origin);
-        let options = WatchOptions::new()
-            .with_prefix()
-            .with_start_revision(state.applied + 1)
-            .with_progress_notify()
-            .with_fragment();
+        let watch_from = state.applied + 1;
+        let options =
+            WatchOptions::new().with_prefix().with_start_revision(watch_from).with_progress_notify().with_fragment();
         let mut stream =
             self.rpc("start watch", super::target::watcher(local).watch(prefix.as_str(), Some(options))).await?;
         self.shared.update(|h| h.phase = Phase::Watching);
@@ -252,10 +250,18 @@ impl Worker {
                 _ = ticker.tick() => {
                     // Not reading (the pending bounds are reached) is not a stalled watch.
                     if room && last_message.elapsed() > stall_after {
-                        anyhow::bail!(
-                            "the origin's watch stalled: no event and no answer to progress requests for {:?}",
-                            last_message.elapsed()
-                        );
+                        // etcd (3.6 at least) answers no progress request while a watcher starts
+                        // past the store's revision: an origin etcd nobody wrote to since the
+                        // watch began is silent, not stalled.
+                        let now = self.rpc("read the origin's revision", local.status()).await?;
+                        let revision = now.header().map_or(i64::MAX, |h| h.revision());
+                        if revision >= watch_from {
+                            anyhow::bail!(
+                                "the origin's watch stalled: no event and no answer to progress requests for {:?}",
+                                last_message.elapsed()
+                            );
+                        }
+                        last_message = Instant::now();
                     }
                     // Bounded, so that a stalled watch stream cannot stall the loop.
                     self.rpc("request watch progress", stream.request_progress()).await?;
