@@ -124,12 +124,20 @@ pub const MAX_SYNC_INFLIGHT_BYTES: usize = 32 << 20;
 /// The most watch batch Txns in flight, however far the peer.
 pub const MAX_WATCH_PIPELINE: usize = 16;
 
-/// Watch batch Txns to keep in flight (pure): one while the peer's round trip is shorter than
-/// applying a Txn, so that revisions coalesce into few Txns; more as the round trip grows, so
-/// that a peer 150 ms away keeps up with a busy origin.
+/// Below this round trip the watch keeps one batch in flight: the peer is in the same region
+/// (or the measurement is a busy machine's noise), and revisions coalesce into few Txns.
+pub const WATCH_PIPELINE_FROM: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// Watch batch Txns to keep in flight (pure): one for a peer nearby, so that revisions coalesce
+/// into few Txns; more as the round trip grows (one per 4 ms of it), so that a peer 150 ms away
+/// keeps up with a busy origin.
 pub fn watch_depth(rtt: Option<std::time::Duration>) -> usize {
-    let covering = rtt.map_or(0, |rtt| (rtt.as_secs_f64() / PEER_TXN_SERVICE.as_secs_f64()).floor() as usize);
-    (1 + covering).min(MAX_WATCH_PIPELINE)
+    match rtt {
+        Some(rtt) if rtt >= WATCH_PIPELINE_FROM => {
+            (1 + (rtt.as_secs_f64() / PEER_TXN_SERVICE.as_secs_f64()).floor() as usize).min(MAX_WATCH_PIPELINE)
+        }
+        _ => 1,
+    }
 }
 /// The most sync Txns in flight, however far the peer.
 pub const MAX_SYNC_WINDOW: usize = 64;
@@ -299,6 +307,7 @@ mod tests {
         let ms = std::time::Duration::from_millis;
         assert_eq!(watch_depth(None), 1);
         assert_eq!(watch_depth(Some(ms(1))), 1, "next door: one batch at a time, coalescing");
+        assert_eq!(watch_depth(Some(ms(12))), 1, "a busy machine's slow answer is not distance");
         assert_eq!(watch_depth(Some(ms(50))), 13);
         assert_eq!(watch_depth(Some(ms(150))), MAX_WATCH_PIPELINE);
     }
