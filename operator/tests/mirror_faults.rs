@@ -464,8 +464,14 @@ async fn each_session_fences_the_late_txns_of_its_predecessors() {
         |mut p: Client| async move { p.get(keys::owner_key("a"), None).await.unwrap().kvs()[0].mod_revision() };
     let first_epoch = owner_revision(p.clone()).await;
 
-    // The session's connections break; the next session takes a new epoch.
+    // A batch fails (the peer stops answering while a write waits), and the connections break:
+    // the session ends and the next one takes a new epoch.
+    let failures = handle.health().session_failures;
+    proxy.set_blackhole(true);
+    write_keys(&mut o, "a", 0..10, "v1b").await;
+    wait_health(&handle, "a session ended", |h| h.session_failures > failures).await;
     proxy.reset_connections();
+    proxy.set_blackhole(false);
     wait_until("a new session epoch", DEADLINE, || {
         let p = p.clone();
         async move { Ok(owner_revision(p).await > first_epoch) }
