@@ -265,11 +265,9 @@ impl Worker {
         resp.header().map(|h| h.revision()).ok_or_else(|| anyhow!("txn response without header"))
     }
 
-    /// One watch batch Txn in a pipeline: applies only while the owner key has this session's
-    /// epoch and the progress record is `expect` (what the batch before it writes), and writes
-    /// `progress`. A batch that reached the peer before its predecessor changes nothing and says
-    /// so, to be sent again once the predecessor landed; so batches apply in order however many
-    /// are in flight.
+    /// One watch batch Txn: as `apply`, and it also applies only while the progress record is
+    /// `expect` (what the batch before it wrote), writing `progress`. A batch that reached the
+    /// peer before its predecessor changes nothing and says so, to be sent again.
     pub(super) fn apply_chained(
         &self,
         peer: &Client,
@@ -279,46 +277,18 @@ impl Worker {
         expect: &ProgressExpectation,
         progress: Vec<u8>,
     ) -> impl Future<Output = anyhow::Result<Chained>> + Send + 'static {
-        let owner_key = keys::owner_key(&self.config.origin);
         let progress_key = keys::progress_key(&self.config.origin);
-        let mut txn_ops: Vec<TxnOp> = ops
-            .into_iter()
-            .map(|op| match op {
-                MirrorOp::Put { key, value, shard } => {
-                    TxnOp::put(key, value, Some(PutOptions::new().with_lease(leases[shard])))
-                }
-                MirrorOp::Delete { key } => TxnOp::delete(key, None),
-            })
-            .collect();
-        txn_ops.push(TxnOp::put(progress_key.as_str(), progress, None));
         let in_order = match expect {
             ProgressExpectation::Value(value) => Compare::value(progress_key.as_str(), CompareOp::Equal, value.clone()),
             ProgressExpectation::Absent => Compare::version(progress_key.as_str(), CompareOp::Equal, 0),
         };
-        let txn = Txn::new()
-            .when([Compare::mod_revision(owner_key.as_str(), CompareOp::Equal, epoch), in_order])
-            .and_then(txn_ops)
-            .or_else([TxnOp::get(owner_key.as_str(), None)]);
-        let timeout = self.config.rpc_timeout;
-        let shared = self.shared.clone();
-        let mut kv = super::target::kv(peer);
+        let bookkeeping = vec![TxnOp::put(progress_key.as_str(), progress, None)];
+        let send = self.fenced_txn(peer, epoch, ops, leases, bookkeeping, Some(in_order));
         async move {
-            let resp = match tokio::time::timeout(timeout, kv.txn(txn)).await {
-                Err(_) => anyhow::bail!("peer txn: timed out after {timeout:?}"),
-                Ok(r) => r.context("peer txn")?,
-            };
-            shared.detector_success();
-            if resp.succeeded() {
-                return Ok(Chained::Applied);
-            }
-            let owner = resp.op_responses().into_iter().find_map(|r| match r {
-                TxnOpResponse::Get(get) => get.kvs().first().map(|kv| (kv.mod_revision(), Owner::decode(kv.value()))),
-                _ => None,
-            });
-            Ok(match owner {
+            Ok(match send.await? {
+                None => Chained::Applied,
                 Some((revision, _)) if revision == epoch => Chained::OutOfOrder,
-                Some((_, owner)) => Chained::Fenced(owner.map_or_else(|| "unknown".to_string(), |o| o.owner)),
-                None => Chained::Fenced("nobody (the owner key was deleted)".to_string()),
+                Some((_, by)) => Chained::Fenced(by),
             })
         }
     }
@@ -334,6 +304,22 @@ impl Worker {
         leases: &[i64],
         bookkeeping: Vec<TxnOp>,
     ) -> impl Future<Output = anyhow::Result<Applied>> + Send + 'static {
+        let send = self.fenced_txn(peer, epoch, ops, leases, bookkeeping, None);
+        async move { Ok(send.await?.map_or(Applied::Yes, |(_, by)| Applied::Fenced(by))) }
+    }
+
+    /// Sends `ops` (each put on its shard's lease) and `bookkeeping` in one Txn that compares the
+    /// owner key's mod revision with `epoch` (and `also`, if given). None when it applied; else
+    /// the owner record's mod revision and owner as the peer holds them.
+    fn fenced_txn(
+        &self,
+        peer: &Client,
+        epoch: i64,
+        ops: Vec<MirrorOp>,
+        leases: &[i64],
+        bookkeeping: Vec<TxnOp>,
+        also: Option<Compare>,
+    ) -> impl Future<Output = anyhow::Result<Option<(i64, String)>>> + Send + 'static {
         let owner_key = keys::owner_key(&self.config.origin);
         let mut txn_ops: Vec<TxnOp> = ops
             .into_iter()
@@ -345,10 +331,9 @@ impl Worker {
             })
             .collect();
         txn_ops.extend(bookkeeping);
-        let txn = Txn::new()
-            .when([Compare::mod_revision(owner_key.as_str(), CompareOp::Equal, epoch)])
-            .and_then(txn_ops)
-            .or_else([TxnOp::get(owner_key.as_str(), None)]);
+        let mut compares = vec![Compare::mod_revision(owner_key.as_str(), CompareOp::Equal, epoch)];
+        compares.extend(also);
+        let txn = Txn::new().when(compares).and_then(txn_ops).or_else([TxnOp::get(owner_key.as_str(), None)]);
         let timeout = self.config.rpc_timeout;
         let shared = self.shared.clone();
         let mut kv = super::target::kv(peer);
@@ -359,19 +344,24 @@ impl Worker {
             };
             shared.detector_success();
             if resp.succeeded() {
-                return Ok(Applied::Yes);
+                return Ok(None);
             }
-            let by = resp
-                .op_responses()
-                .into_iter()
-                .find_map(|r| match r {
-                    TxnOpResponse::Get(get) => {
-                        get.kvs().first().and_then(|kv| Owner::decode(kv.value())).map(|o| o.owner)
-                    }
-                    _ => None,
-                })
-                .unwrap_or_else(|| "nobody (the owner key was deleted)".to_string());
-            Ok(Applied::Fenced(by))
+            Ok(Some(owner_of(&resp)))
         }
     }
+}
+
+/// The owner record's mod revision and owner from a fenced Txn's failure branch (revision 0
+/// when the owner key is gone).
+pub(super) fn owner_of(resp: &etcd_client::TxnResponse) -> (i64, String) {
+    resp.op_responses()
+        .into_iter()
+        .find_map(|r| match r {
+            TxnOpResponse::Get(get) => get.kvs().first().map(|kv| {
+                let owner = Owner::decode(kv.value()).map_or_else(|| "unknown".to_string(), |o| o.owner);
+                (kv.mod_revision(), owner)
+            }),
+            _ => None,
+        })
+        .unwrap_or_else(|| (0, "nobody (the owner key was deleted)".to_string()))
 }

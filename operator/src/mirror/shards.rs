@@ -228,15 +228,7 @@ mod tests {
             let shards = shard_count(keys, cap);
             let mut counts = vec![0u64; shards];
             for i in 0..keys {
-                let key = format!(
-                    "/aether/v1/regions/a/clusters/c{}/services/s{}/protocols/tcp/endpoints/10.{}.{}.{}",
-                    i % 7,
-                    i % 97,
-                    (i >> 16) & 255,
-                    (i >> 8) & 255,
-                    i & 255
-                );
-                counts[shard_of(key.as_bytes(), shards)] += 1;
+                counts[shard_of(&endpoint(i), shards)] += 1;
             }
             let max = counts.iter().max().copied().unwrap_or(0);
             assert!(max <= cap, "{keys} keys over {shards} shards: a shard holds {max} > {cap}");

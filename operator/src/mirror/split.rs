@@ -19,7 +19,6 @@ use super::session::Applied;
 use super::shards::Layout;
 use super::worker::{State, Worker};
 use crate::keys;
-use crate::mirror::checkpoint::Owner;
 use etcd_client::{Client, Compare, CompareOp, LeaseTimeToLiveOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
 use std::collections::VecDeque;
 use std::future::Future;
@@ -312,18 +311,13 @@ impl Worker {
             if resp.succeeded() {
                 return Ok(StepDone::Moved { again });
             }
-            let owner = resp.op_responses().into_iter().find_map(|r| match r {
-                TxnOpResponse::Get(get) => get.kvs().first().map(|o| (o.mod_revision(), Owner::decode(o.value()))),
-                _ => None,
-            });
-            match owner {
+            match super::session::owner_of(&resp) {
                 // Still ours: a key changed under the move; read them again.
-                Some((revision, _)) if revision == epoch => {
+                (revision, _) if revision == epoch => {
                     again.extend(put_keys);
                     Ok(StepDone::Moved { again })
                 }
-                Some((_, owner)) => Ok(StepDone::Fenced(owner.map_or_else(|| "unknown".to_string(), |o| o.owner))),
-                None => Ok(StepDone::Fenced("nobody (the owner key was deleted)".to_string())),
+                (_, by) => Ok(StepDone::Fenced(by)),
             }
         })
     }
