@@ -722,6 +722,68 @@ async fn randomized_writes_member_kills_and_network_faults_converge() {
 }
 
 #[tokio::test]
+async fn a_peer_far_away_gets_batches_in_flight_together_and_a_crash_among_them_loses_nothing() {
+    // New keys and overwrites of a few, fast, through 120 ms: several batches are in flight at
+    // once. The worker crashes among them; its successor resumes from the progress record, which
+    // never claims a batch that had not landed, and at rest says exactly what the peer holds.
+    let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("b")).unwrap();
+    let proxy = FaultProxy::start(peer.client_addr()).await.unwrap();
+    proxy.set_rtt(Duration::from_millis(120));
+    let mut o = connect(&[origin.endpoint()], None).await;
+    write_keys(&mut o, "a", 0..20, "v0").await;
+    let far = || EtcdTarget::plain([proxy.endpoint("http")]);
+    let (first, _e1) = start(config("w1"), EtcdTarget::plain([origin.endpoint()]), far());
+    wait_synced(&first).await;
+    let writer = {
+        let o = o.clone();
+        tokio::spawn(async move {
+            use futures::StreamExt;
+            let writes = futures::stream::iter(0..3000usize).map(|i| {
+                let mut o = o.clone();
+                // Every tenth write overwrites one of 20 hot keys.
+                let (k, version) = if i % 10 == 0 { (i / 10 % 20, format!("hot{i}")) } else { (20 + i, "v1".into()) };
+                async move { o.put(endpoint_key("a", k), endpoint_value("a", k, &version), None).await.map(|_| ()) }
+            });
+            writes.buffer_unordered(32).collect::<Vec<_>>().await
+        })
+    };
+    wait_health(&first, "batches in flight together", |h| h.batches_in_flight_peak >= 2).await;
+    first.abort();
+    let (second, _e2) = start(config("w2"), EtcdTarget::plain([origin.endpoint()]), far());
+    for put in writer.await.unwrap() {
+        put.unwrap();
+    }
+    let p = connect(&[peer.endpoint()], None).await;
+    converged(&o, &p, "a", DEADLINE).await;
+    let newest = o
+        .get(
+            keys::region_prefix("a"),
+            Some(
+                etcd_client::GetOptions::new()
+                    .with_prefix()
+                    .with_sort(etcd_client::SortTarget::Mod, etcd_client::SortOrder::Descend)
+                    .with_limit(1),
+            ),
+        )
+        .await
+        .unwrap()
+        .kvs()[0]
+        .mod_revision();
+    wait_until("the progress record at the origin's newest revision", DEADLINE, || {
+        let mut p = p.clone();
+        async move {
+            let resp = p.get(keys::progress_key("a"), None).await?;
+            let recorded = resp.kvs().first().and_then(|kv| mirror::checkpoint::Progress::decode(kv.value()));
+            Ok(recorded.is_some_and(|r| r.revision == newest))
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(second.health().session_failures, 0, "{:?}", second.health());
+    second.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_peer_far_away_gets_pipelined_batches_applied_in_order() {
     // Overwrites of few keys, fast: batches in flight together must still apply in order, or a
     // key would end with an older value.

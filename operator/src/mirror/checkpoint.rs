@@ -60,9 +60,21 @@ pub struct Progress {
     pub revision: i64,
 }
 
+/// The progress record as written: the revision first again, zero-padded, so that comparing two
+/// records' bytes (which etcd can do in a Txn) compares their revisions. Records without it
+/// (written by earlier versions, starting `{"owner"`) compare lower than any with it.
+#[derive(Serialize)]
+struct OrderedProgress<'a> {
+    rev: String,
+    owner: &'a str,
+    revision: i64,
+}
+
 impl Progress {
     pub fn encode(&self) -> Vec<u8> {
-        serde_json::to_vec(self).expect("progress always serializes")
+        let ordered =
+            OrderedProgress { rev: format!("{:020}", self.revision), owner: &self.owner, revision: self.revision };
+        serde_json::to_vec(&ordered).expect("progress always serializes")
     }
 
     pub fn decode(bytes: &[u8]) -> Option<Progress> {
@@ -119,7 +131,24 @@ mod tests {
         assert_eq!(Checkpoint::decode(b"not json"), None);
         let p = Progress { owner: "a/1".into(), revision: 1 << 40 };
         assert_eq!(Progress::decode(&p.encode()), Some(p.clone()));
-        assert!(p.encode().len() < 64, "progress stays small");
+        assert!(p.encode().len() < 96, "progress stays small");
+        assert_eq!(
+            Progress::decode(br#"{"owner":"x","revision":3}"#).map(|p| p.revision),
+            Some(3),
+            "earlier versions' records"
+        );
+    }
+
+    #[test]
+    fn progress_records_compare_as_their_revisions_do() {
+        let at = |owner: &str, revision: i64| Progress { owner: owner.into(), revision }.encode();
+        assert!(at("a/1", 99) < at("a/1", 100), "more digits");
+        assert!(at("b/2", 7) < at("a/1", 8), "whoever wrote them");
+        assert!(at("a/1", 0) < at("a/1", i64::MAX));
+        assert!(
+            br#"{"owner":"a/1","revision":900}"#.as_slice() < at("a/1", 1).as_slice(),
+            "an earlier version's record"
+        );
     }
 
     #[test]

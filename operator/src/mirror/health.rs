@@ -87,6 +87,9 @@ pub struct PeerHealth {
     pub keepalive_rounds: u64,
     /// Lease shards split online because they passed the cap.
     pub shard_splits: u64,
+    /// The most watch batch Txns that were in flight at once (more than one only across
+    /// distance).
+    pub batches_in_flight_peak: usize,
 }
 
 /// Round-trip samples a health snapshot keeps; far more than happen between two refreshes.
@@ -123,6 +126,7 @@ impl PeerHealth {
             keepalive_rtts: Default::default(),
             keepalive_rounds: 0,
             shard_splits: 0,
+            batches_in_flight_peak: 0,
             leases: 0,
             last_applied_revision: 0,
             last_seen_revision: 0,

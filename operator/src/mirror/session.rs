@@ -39,22 +39,6 @@ pub(super) enum WatchEnd {
     Resync(ResyncCause),
 }
 
-/// What the progress record holds before a pipelined batch applies.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) enum ProgressExpectation {
-    Value(Vec<u8>),
-    Absent,
-}
-
-/// How a pipelined batch went.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) enum Chained {
-    Applied,
-    Fenced(String),
-    /// It reached the peer before the batch it follows: nothing changed; send it again.
-    OutOfOrder,
-}
-
 impl Worker {
     pub(super) async fn session(
         &self,
@@ -265,37 +249,25 @@ impl Worker {
         resp.header().map(|h| h.revision()).ok_or_else(|| anyhow!("txn response without header"))
     }
 
-    /// One watch batch Txn: as `apply`, and it also applies only while the progress record is
-    /// `expect` (what the batch before it wrote), writing `progress`. A batch that reached the
-    /// peer before its predecessor changes nothing and says so, to be sent again.
-    pub(super) fn apply_chained(
-        &self,
-        peer: &Client,
-        epoch: i64,
-        ops: Vec<MirrorOp>,
-        leases: &[i64],
-        expect: &ProgressExpectation,
-        progress: Vec<u8>,
-    ) -> impl Future<Output = anyhow::Result<Chained>> + Send + 'static {
-        let progress_key = keys::progress_key(&self.config.origin);
-        let in_order = match expect {
-            ProgressExpectation::Value(value) => Compare::value(progress_key.as_str(), CompareOp::Equal, value.clone()),
-            ProgressExpectation::Absent => Compare::version(progress_key.as_str(), CompareOp::Equal, 0),
-        };
-        let bookkeeping = vec![TxnOp::put(progress_key.as_str(), progress, None)];
-        let send = self.fenced_txn(peer, epoch, ops, leases, bookkeeping, Some(in_order));
-        async move {
-            Ok(match send.await? {
-                None => Chained::Applied,
-                Some((revision, _)) if revision == epoch => Chained::OutOfOrder,
-                Some((_, by)) => Chained::Fenced(by),
-            })
-        }
+    /// The progress record raised to `revision`, never lowered: a nested Txn that writes it only
+    /// over a lower record (or none). Watch batches in flight together may land in any order;
+    /// each carries a revision the peer held completely when it was sent.
+    pub(super) fn raise_progress_op(&self, revision: i64) -> TxnOp {
+        let key = keys::progress_key(&self.config.origin);
+        let value = self.progress_value(revision);
+        let put = || TxnOp::put(key.as_str(), value.clone(), None);
+        let absent = Txn::new().when([Compare::version(key.as_str(), CompareOp::Equal, 0)]).and_then([put()]);
+        TxnOp::txn(
+            Txn::new()
+                .when([Compare::value(key.as_str(), CompareOp::Less, value.clone())])
+                .and_then([put()])
+                .or_else([TxnOp::txn(absent)]),
+        )
     }
 
-    /// One batch Txn: applies only while the owner key still has this session's epoch, so that
-    /// neither a deposed worker nor a late Txn of this worker's own earlier session can
-    /// interleave with the current writer.
+    /// One batch Txn: `ops` (each put on its shard's lease) and `bookkeeping`, applied only while
+    /// the owner key still has this session's epoch, so that neither a deposed worker nor a late
+    /// Txn of this worker's own earlier session can interleave with the current writer.
     pub(super) fn apply(
         &self,
         peer: &Client,
@@ -304,22 +276,6 @@ impl Worker {
         leases: &[i64],
         bookkeeping: Vec<TxnOp>,
     ) -> impl Future<Output = anyhow::Result<Applied>> + Send + 'static {
-        let send = self.fenced_txn(peer, epoch, ops, leases, bookkeeping, None);
-        async move { Ok(send.await?.map_or(Applied::Yes, |(_, by)| Applied::Fenced(by))) }
-    }
-
-    /// Sends `ops` (each put on its shard's lease) and `bookkeeping` in one Txn that compares the
-    /// owner key's mod revision with `epoch` (and `also`, if given). None when it applied; else
-    /// the owner record's mod revision and owner as the peer holds them.
-    fn fenced_txn(
-        &self,
-        peer: &Client,
-        epoch: i64,
-        ops: Vec<MirrorOp>,
-        leases: &[i64],
-        bookkeeping: Vec<TxnOp>,
-        also: Option<Compare>,
-    ) -> impl Future<Output = anyhow::Result<Option<(i64, String)>>> + Send + 'static {
         let owner_key = keys::owner_key(&self.config.origin);
         let mut txn_ops: Vec<TxnOp> = ops
             .into_iter()
@@ -331,9 +287,8 @@ impl Worker {
             })
             .collect();
         txn_ops.extend(bookkeeping);
-        let mut compares = vec![Compare::mod_revision(owner_key.as_str(), CompareOp::Equal, epoch)];
-        compares.extend(also);
-        let txn = Txn::new().when(compares).and_then(txn_ops).or_else([TxnOp::get(owner_key.as_str(), None)]);
+        let fence = Compare::mod_revision(owner_key.as_str(), CompareOp::Equal, epoch);
+        let txn = Txn::new().when([fence]).and_then(txn_ops).or_else([TxnOp::get(owner_key.as_str(), None)]);
         let timeout = self.config.rpc_timeout;
         let shared = self.shared.clone();
         let mut kv = super::target::kv(peer);
@@ -344,9 +299,9 @@ impl Worker {
             };
             shared.detector_success();
             if resp.succeeded() {
-                return Ok(None);
+                return Ok(Applied::Yes);
             }
-            Ok(Some(owner_of(&resp)))
+            Ok(Applied::Fenced(owner_of(&resp).1))
         }
     }
 }

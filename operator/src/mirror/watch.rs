@@ -1,6 +1,9 @@
 //! Watching the origin and applying: the subtree is watched from the revision after the last one
-//! the peer holds, and pending revisions are applied whole and in order in coalesced Txns, one in
-//! flight at a time, each with the small progress record.
+//! the peer holds, and pending revisions are applied whole in coalesced Txns, each raising the
+//! small progress record. Next door one Txn is in flight at a time. Across distance several are,
+//! and Txns in flight together write disjoint keys: the peer may apply them in any order, each
+//! key's writes still land in the origin's order, and each Txn records only the revision the
+//! peer held completely when it was sent.
 //!
 //! The watch asks etcd to fragment large responses and does not ask for previous values, so a
 //! worker resuming behind many large values gets messages it can decode; a revision is applied
@@ -8,8 +11,11 @@
 //! request, for longer than the stall timeout is treated as broken, never as an idle subtree.
 use super::health::{MirrorEvent, Phase, ResyncCause};
 use super::keepalive::KeeperSignal;
-use super::plan::{MirrorOp, Revision, SyncBatcher, WatchBatch, enforce_request_limit, next_watch_batch, watch_depth};
-use super::session::{Applied, Chained, ProgressExpectation, WatchEnd};
+use super::plan::{
+    MAX_WATCH_INFLIGHT_BYTES, MirrorOp, Revision, SyncBatcher, WatchBatch, enforce_request_limit, next_watch_batch,
+    watch_depth,
+};
+use super::session::{Applied, WatchEnd};
 use super::shards::overfull_shard;
 use super::split::{Advance, Split, retarget};
 use super::sync::{RESERVED_REQUEST_BYTES, page_kvs};
@@ -18,17 +24,59 @@ use super::worker::{State, Worker};
 use crate::keys;
 use anyhow::{Context, anyhow};
 use etcd_client::{Client, EventType, WatchOptions};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasher;
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::mpsc;
 use tracing::warn;
 
-/// A watch batch Txn in flight, with what it carries and the progress record it expects.
+/// A watch batch Txn in flight, with what it consumes once it lands.
 struct InFlight {
-    task: tokio::task::JoinHandle<anyhow::Result<Chained>>,
-    batch: WatchBatch,
-    expect: ProgressExpectation,
-    progress: Vec<u8>,
+    task: tokio::task::JoinHandle<anyhow::Result<Applied>>,
+    revisions_consumed: usize,
+    split_ops_consumed: usize,
+    applied_through: i64,
+    ops: usize,
+    bytes: usize,
+    /// Hashes of the keys it writes (see `Writing`).
+    keys: Vec<u64>,
+    /// The revision it records as held completely.
+    progress: i64,
+}
+
+/// The keys that batches in flight write, by hash: a batch that would write one of them waits
+/// (a collision only makes a batch wait longer).
+#[derive(Default)]
+struct Writing {
+    hasher: std::collections::hash_map::RandomState,
+    counts: HashMap<u64, u32>,
+}
+
+impl Writing {
+    fn hash(&self, key: &[u8]) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    fn busy(&self, key: &[u8]) -> bool {
+        self.counts.contains_key(&self.hash(key))
+    }
+
+    fn add(&mut self, keys: &[u64]) {
+        for k in keys {
+            *self.counts.entry(*k).or_default() += 1;
+        }
+    }
+
+    fn remove(&mut self, keys: &[u64]) {
+        for k in keys {
+            if let Some(n) = self.counts.get_mut(k) {
+                *n -= 1;
+                if *n == 0 {
+                    self.counts.remove(k);
+                }
+            }
+        }
+    }
 }
 
 /// What a pending revision changes once applied.
@@ -67,11 +115,14 @@ impl Worker {
         let mut progress_revision = 0i64;
         let mut fragment_open = false;
         let mut last_message = Instant::now();
-        // Batch Txns in flight, oldest first: enough to cover the peer's round trip, each one
-        // applying only after the one before it (see `apply_chained`).
+        // Batch Txns in flight, oldest first: enough to cover the peer's round trip. They are
+        // taken as landed in this order, whatever order the peer applied them in.
         let mut inflight: VecDeque<InFlight> = VecDeque::new();
+        let mut writing = Writing::default();
         let depth = watch_depth(self.peer_round_trip(peer).await);
-        let mut chain = self.progress_now(peer).await?;
+        // The highest revision a landed batch recorded: the progress record holds at least it.
+        let mut recorded = state.applied;
+        let mut peak = 0usize;
         // Revisions (from the front of `pending`) in flight, and the revision they reach.
         let (mut dispatched, mut through_dispatched) = (0usize, state.applied);
         // Batches sent and landed; a split lists its old lease once those sent before it landed.
@@ -110,17 +161,12 @@ impl Worker {
                     }
                 }
                 result = async { (&mut inflight.front_mut().expect("guarded").task).await }, if !inflight.is_empty() => {
-                    let done = inflight.pop_front().expect("guarded");
-                    let batch = match result.map_err(|e| anyhow!("a peer Txn task ended: {e}"))?? {
-                        Chained::Fenced(by) => return Ok(WatchEnd::Fenced(by)),
-                        // Its predecessor has landed by now: the same batch again, first in line.
-                        Chained::OutOfOrder => {
-                            let task = self.spawn_batch(peer, epoch, &done.batch, &done.expect, done.progress.clone(), state);
-                            inflight.push_front(InFlight { task, ..done });
-                            continue;
-                        }
-                        Chained::Applied => done.batch,
-                    };
+                    let batch = inflight.pop_front().expect("guarded");
+                    if let Applied::Fenced(by) = result.map_err(|e| anyhow!("a peer Txn task ended: {e}"))?? {
+                        return Ok(WatchEnd::Fenced(by));
+                    }
+                    writing.remove(&batch.keys);
+                    recorded = recorded.max(batch.progress);
                     landed += 1;
                     dispatched -= batch.revisions_consumed;
                     for _ in 0..batch.revisions_consumed {
@@ -150,7 +196,7 @@ impl Worker {
                         h.last_applied_revision = h.last_applied_revision.max(applied_rev);
                         h.keys = total;
                         h.txns += 1;
-                        h.ops += batch.ops.len() as u64;
+                        h.ops += batch.ops as u64;
                         h.pending_since = oldest_pending;
                     });
                 }
@@ -303,7 +349,11 @@ impl Worker {
             }
             // While a fragmented response is incomplete, its last revision may be partial; a
             // verification due waits for the batches in flight to land.
-            while inflight.len() < depth && !fragment_open && !verify_now {
+            while inflight.len() < depth
+                && inflight.iter().map(|b| b.bytes).sum::<usize>() < MAX_WATCH_INFLIGHT_BYTES
+                && !fragment_open
+                && !verify_now
+            {
                 // A revision larger than one Txn goes alone, in parts.
                 if split > 0 && !inflight.is_empty() {
                     break;
@@ -313,23 +363,40 @@ impl Worker {
                     if dispatched == 0 { split } else { 0 },
                     through_dispatched,
                     limits,
+                    |key| writing.busy(key),
                 ) else {
                     break;
                 };
                 if batch.revisions_consumed == 0 && !inflight.is_empty() {
                     break;
                 }
+                // With nothing else in flight, the peer holds everything before this batch.
+                let progress =
+                    if inflight.is_empty() { batch.applied_through.max(state.applied) } else { state.applied };
                 through_dispatched = through_dispatched.max(batch.applied_through);
                 dispatched += batch.revisions_consumed;
                 sent += 1;
-                let progress = self.progress_value(through_dispatched.max(state.applied));
-                let expect = std::mem::replace(&mut chain, ProgressExpectation::Value(progress.clone()));
-                let task = self.spawn_batch(peer, epoch, &batch, &expect, progress.clone(), state);
                 let alone = batch.revisions_consumed == 0;
-                inflight.push_back(InFlight { task, batch, expect, progress });
+                inflight.push_back(self.send_batch(peer, epoch, batch, progress, state, &mut writing));
+                if inflight.len() > peak {
+                    peak = inflight.len();
+                    self.shared.update(|h| h.batches_in_flight_peak = h.batches_in_flight_peak.max(peak));
+                }
                 if alone {
                     break;
                 }
+            }
+            // Batches sent together recorded less than they applied: once all have landed and
+            // nothing waits, one Txn records the rest, so that a successor resumes exactly here.
+            if inflight.is_empty() && pending.is_empty() && state.applied > recorded && !verify_now {
+                let flush = WatchBatch {
+                    ops: Vec::new(),
+                    applied_through: state.applied,
+                    revisions_consumed: 0,
+                    split_ops_consumed: 0,
+                };
+                sent += 1;
+                inflight.push_back(self.send_batch(peer, epoch, flush, state.applied, state, &mut writing));
             }
         }
     }
@@ -417,28 +484,32 @@ impl Worker {
         Ok(None)
     }
 
-    /// Sends one batch, in its own task so that several can be in flight.
-    fn spawn_batch(
+    /// Sends one batch, in its own task so that several can be in flight, recording `progress`.
+    fn send_batch(
         &self,
         peer: &Client,
         epoch: i64,
-        batch: &WatchBatch,
-        expect: &ProgressExpectation,
-        progress: Vec<u8>,
+        batch: WatchBatch,
+        progress: i64,
         state: &State,
-    ) -> tokio::task::JoinHandle<anyhow::Result<Chained>> {
-        tokio::spawn(self.apply_chained(peer, epoch, batch.ops.clone(), &state.leases, expect, progress))
-    }
-
-    /// The progress record on the peer now: what the first batch of this watch expects.
-    async fn progress_now(&self, peer: &Client) -> anyhow::Result<ProgressExpectation> {
-        let resp = self
-            .rpc("read the progress record", super::target::kv(peer).get(keys::progress_key(&self.config.origin), None))
-            .await?;
-        Ok(match resp.kvs().first() {
-            Some(kv) => ProgressExpectation::Value(kv.value().to_vec()),
-            None => ProgressExpectation::Absent,
-        })
+        writing: &mut Writing,
+    ) -> InFlight {
+        let keys: Vec<u64> = batch.ops.iter().map(|op| writing.hash(op.key())).collect();
+        writing.add(&keys);
+        let ops = batch.ops.len();
+        let bytes = batch.ops.iter().map(MirrorOp::wire_size).sum();
+        let bookkeeping = vec![self.raise_progress_op(progress)];
+        let task = tokio::spawn(self.apply(peer, epoch, batch.ops, &state.leases, bookkeeping));
+        InFlight {
+            task,
+            revisions_consumed: batch.revisions_consumed,
+            split_ops_consumed: batch.split_ops_consumed,
+            applied_through: batch.applied_through,
+            ops,
+            bytes,
+            keys,
+            progress,
+        }
     }
 }
 
