@@ -36,6 +36,7 @@ async fn main() -> anyhow::Result<()> {
     }
     // `aether-bench [scenario...]`: sync, catchup, steady, leases, drain, operator, fanout, scale,
     // wan (sync, catch-up and steady with the peer behind a 50 and a 150 ms proxy); all by default.
+    // `wan-steady` runs only the steady rows of `wan`.
     let only: Vec<String> = args[1..].to_vec();
     let want = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
     let mut table = Table::default();
@@ -71,6 +72,11 @@ async fn main() -> anyhow::Result<()> {
             bench_steady(&mut table, 0, rtt).await?;
         }
     }
+    if want("wan-steady") {
+        for rtt in [Duration::from_millis(50), Duration::from_millis(150)] {
+            bench_steady(&mut table, 0, rtt).await?;
+        }
+    }
     println!("\n{}", table.render());
     let json = std::env::var_os("AETHER_BENCH_JSON")
         .map(std::path::PathBuf::from)
@@ -78,6 +84,16 @@ async fn main() -> anyhow::Result<()> {
     table.write_json(&json)?;
     println!("\nresults as JSON lines: {}", json.display());
     Ok(())
+}
+
+/// The subjects of the catch-up and steady scenarios: this mirror and make-mirror, or only this
+/// mirror with `AETHER_BENCH_ONLY_THIS=1` (for quick runs; the table then has no make-mirror row).
+fn subjects() -> Vec<&'static str> {
+    if std::env::var_os("AETHER_BENCH_ONLY_THIS").is_some() {
+        vec!["this mirror"]
+    } else {
+        vec!["this mirror", "etcdctl make-mirror"]
+    }
 }
 
 #[derive(Default)]
@@ -602,7 +618,7 @@ async fn bench_catchup(table: &mut Table, rtt: Duration) -> anyhow::Result<()> {
     println!("catch-up of {CATCHUP_REVISIONS} single-key revisions (64 in flight), peer {rtt:?} away");
     let dir = tempfile_dir()?;
     let prefix = keys::region_prefix("a");
-    for subject in ["this mirror", "etcdctl make-mirror"] {
+    for subject in subjects() {
         let (origin, peer) = tokio::try_join!(EtcdServer::start("cu-a"), EtcdServer::start("cu-b"))?;
         let (_proxy, peer_endpoint) = behind(&peer, rtt).await?;
         let oc = Client::connect([origin.endpoint()], None).await?;
@@ -660,7 +676,7 @@ async fn bench_steady(table: &mut Table, preload: usize, rtt: Duration) -> anyho
     } else {
         format!("steady {STEADY_RATE}/s for {STEADY_SECONDS}s onto {preload} keys{}", at_rtt(rtt))
     };
-    for subject in ["this mirror", "etcdctl make-mirror"] {
+    for subject in subjects() {
         let (origin, peer) = tokio::try_join!(EtcdServer::start("st-a"), EtcdServer::start("st-b"))?;
         let (_proxy, peer_endpoint) = behind(&peer, rtt).await?;
         let oc = Client::connect([origin.endpoint()], None).await?;

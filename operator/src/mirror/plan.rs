@@ -126,7 +126,7 @@ pub const MAX_SYNC_INFLIGHT_BYTES: usize = 32 << 20;
 /// matter (an earlier design chained them through a compare on the progress record: etcd proposes
 /// concurrent Txns in no fixed order, most arrived early and were resent in cascades, and the
 /// steady p99 through a 50 ms proxy was 847.8 ms).
-pub const MAX_WATCH_PIPELINE: usize = 32;
+pub const MAX_WATCH_PIPELINE: usize = 256;
 /// Watch batches in flight hold at most this many bytes together.
 pub const MAX_WATCH_INFLIGHT_BYTES: usize = 16 << 20;
 
@@ -134,17 +134,35 @@ pub const MAX_WATCH_INFLIGHT_BYTES: usize = 16 << 20;
 /// (or the measurement is a busy machine's noise), and revisions coalesce into few Txns.
 pub const WATCH_PIPELINE_FROM: std::time::Duration = std::time::Duration::from_millis(20);
 
+/// Round trip per watch batch Txn in flight. A busy origin's revisions arrive a few at a time, and
+/// a free slot sends what has arrived at once: with one slot per 4 ms (a full Txn's service
+/// time) a peer 150 ms away ran its pipeline full with Txns of 4 ops, and revisions waited up to a
+/// round trip for a slot (steady p99 197.8 ms). One per millisecond keeps slots free.
+pub const WATCH_SLOT_EVERY: std::time::Duration = std::time::Duration::from_millis(1);
+
 /// Watch batch Txns to keep in flight (pure): one for a peer nearby, so that revisions coalesce
-/// into few Txns; more as the round trip grows (one per 4 ms of it), so that a peer 150 ms away
-/// keeps up with a busy origin.
+/// into few Txns; more as the round trip grows, so that a peer 150 ms away keeps up with a busy
+/// origin and a revision rarely waits for a free slot.
 pub fn watch_depth(rtt: Option<std::time::Duration>) -> usize {
     match rtt {
         Some(rtt) if rtt >= WATCH_PIPELINE_FROM => {
-            (1 + (rtt.as_secs_f64() / PEER_TXN_SERVICE.as_secs_f64()).floor() as usize).min(MAX_WATCH_PIPELINE)
+            (1 + (rtt.as_secs_f64() / WATCH_SLOT_EVERY.as_secs_f64()).floor() as usize).min(MAX_WATCH_PIPELINE)
         }
         _ => 1,
     }
 }
+/// Round trips between two verifications the watch is held back for (a verification waits for
+/// the batches in flight, then reads a peer page: about two round trips), so that it holds the
+/// watch back at most 1 % of the time.
+pub const VERIFY_PAUSE_ROUND_TRIPS: u32 = 200;
+
+/// How late a verification may get while it waits for a quiet moment (nothing in flight, nothing
+/// pending) before it holds the watch back anyway (pure): the configured interval next door,
+/// longer across distance, where holding back costs round trips.
+pub fn verify_overdue(interval: std::time::Duration, rtt: Option<std::time::Duration>) -> std::time::Duration {
+    interval.max(rtt.unwrap_or_default() * VERIFY_PAUSE_ROUND_TRIPS)
+}
+
 /// The most sync Txns in flight, however far the peer.
 pub const MAX_SYNC_WINDOW: usize = 64;
 
@@ -328,8 +346,18 @@ mod tests {
         assert_eq!(watch_depth(None), 1);
         assert_eq!(watch_depth(Some(ms(1))), 1, "next door: one batch at a time, coalescing");
         assert_eq!(watch_depth(Some(ms(12))), 1, "a busy machine's slow answer is not distance");
-        assert_eq!(watch_depth(Some(ms(50))), 13);
-        assert_eq!(watch_depth(Some(ms(150))), MAX_WATCH_PIPELINE, "38 would cover it; at most 32");
+        assert_eq!(watch_depth(Some(ms(50))), 51);
+        assert_eq!(watch_depth(Some(ms(150))), 151);
+        assert_eq!(watch_depth(Some(ms(400))), MAX_WATCH_PIPELINE);
+    }
+
+    #[test]
+    fn verification_holds_a_far_watch_back_rarely() {
+        let (ms, s) = (std::time::Duration::from_millis, std::time::Duration::from_secs);
+        assert_eq!(verify_overdue(s(5), None), s(5));
+        assert_eq!(verify_overdue(s(5), Some(ms(1))), s(5), "next door: the configured interval");
+        assert_eq!(verify_overdue(s(5), Some(ms(50))), s(10));
+        assert_eq!(verify_overdue(s(5), Some(ms(150))), s(30));
     }
 
     #[test]

@@ -13,7 +13,7 @@ use super::health::{MirrorEvent, Phase, ResyncCause};
 use super::keepalive::KeeperSignal;
 use super::plan::{
     MAX_WATCH_INFLIGHT_BYTES, MirrorOp, Revision, SyncBatcher, WatchBatch, enforce_request_limit, next_watch_batch,
-    watch_depth,
+    verify_overdue, watch_depth,
 };
 use super::session::{Applied, WatchEnd};
 use super::shards::overfull_shard;
@@ -26,8 +26,9 @@ use anyhow::{Context, anyhow};
 use etcd_client::{Client, EventType, WatchOptions};
 use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 use tracing::warn;
 
 /// A watch batch Txn in flight, with what it consumes once it lands.
@@ -38,21 +39,26 @@ struct InFlight {
     applied_through: i64,
     ops: usize,
     bytes: usize,
-    /// Hashes of the keys it writes (see `Writing`).
+    /// Hashes of the keys it writes (see `Pipeline`).
     keys: Vec<u64>,
     /// The revision it records as held completely.
     progress: i64,
+    /// Finished (its keys no longer busy, its slot free), though not yet taken as landed: batches
+    /// are taken in order, so one slow Txn does not hold back the slots of those after it.
+    released: bool,
 }
 
-/// The keys that batches in flight write, by hash: a batch that would write one of them waits
-/// (a collision only makes a batch wait longer).
+/// What the batches in flight share: the keys they write, by hash (a batch that would write one
+/// of them waits; a collision only makes it wait longer), and the signal that any of them
+/// finished, not only the oldest.
 #[derive(Default)]
-struct Writing {
+struct Pipeline {
     hasher: std::collections::hash_map::RandomState,
     counts: HashMap<u64, u32>,
+    finished: Arc<Notify>,
 }
 
-impl Writing {
+impl Pipeline {
     fn hash(&self, key: &[u8]) -> u64 {
         self.hasher.hash_one(key)
     }
@@ -118,8 +124,12 @@ impl Worker {
         // Batch Txns in flight, oldest first: enough to cover the peer's round trip. They are
         // taken as landed in this order, whatever order the peer applied them in.
         let mut inflight: VecDeque<InFlight> = VecDeque::new();
-        let mut writing = Writing::default();
-        let depth = watch_depth(self.peer_round_trip(peer).await);
+        let mut writing = Pipeline::default();
+        let finished = writing.finished.clone();
+        let round_trip = self.peer_round_trip(peer).await;
+        let depth = watch_depth(round_trip);
+        let verify_forced_after = verify_overdue(self.config.verify_interval, round_trip);
+        let mut last_verified = Instant::now();
         // The highest revision a landed batch recorded: the progress record holds at least it.
         let mut recorded = state.applied;
         let mut peak = 0usize;
@@ -162,10 +172,12 @@ impl Worker {
                 }
                 result = async { (&mut inflight.front_mut().expect("guarded").task).await }, if !inflight.is_empty() => {
                     let batch = inflight.pop_front().expect("guarded");
+                    if !batch.released {
+                        writing.remove(&batch.keys);
+                    }
                     if let Applied::Fenced(by) = result.map_err(|e| anyhow!("a peer Txn task ended: {e}"))?? {
                         return Ok(WatchEnd::Fenced(by));
                     }
-                    writing.remove(&batch.keys);
                     recorded = recorded.max(batch.progress);
                     landed += 1;
                     dispatched -= batch.revisions_consumed;
@@ -275,6 +287,7 @@ impl Worker {
                         });
                     }
                 }
+                _ = finished.notified(), if !inflight.is_empty() => {}
                 _ = verify_ticker.tick(), if verifying => verify_due = true,
                 done = async { splitting.as_mut().expect("guarded").step().await }, if splitting.as_ref().is_some_and(Split::running) => {
                     let task = splitting.as_mut().expect("guarded");
@@ -330,9 +343,17 @@ impl Worker {
             // the moment to compare a page.
             // Not between the parts of a split revision either: the peer then holds part of one.
             // Nor while a split moves keys: a key between two leases is not drift.
-            let verify_now = verify_due && !fragment_open && split == 0 && splitting.is_none();
+            // It holds back new batches for about two round trips: across distance it waits for a
+            // quiet moment, and is forced only when long overdue.
+            let quiet = inflight.is_empty() && pending.is_empty();
+            let verify_now = verify_due
+                && (quiet || last_verified.elapsed() >= verify_forced_after)
+                && !fragment_open
+                && split == 0
+                && splitting.is_none();
             if verify_now && inflight.is_empty() {
                 verify_due = false;
+                last_verified = Instant::now();
                 if let Some(by) = self.verify_page(local, peer, state, epoch).await? {
                     return Ok(WatchEnd::Fenced(by));
                 }
@@ -349,8 +370,13 @@ impl Worker {
             }
             // While a fragmented response is incomplete, its last revision may be partial; a
             // verification due waits for the batches in flight to land.
-            while inflight.len() < depth
-                && inflight.iter().map(|b| b.bytes).sum::<usize>() < MAX_WATCH_INFLIGHT_BYTES
+            for batch in inflight.iter_mut().filter(|b| !b.released && b.task.is_finished()) {
+                writing.remove(&batch.keys);
+                batch.released = true;
+            }
+            let running = |inflight: &VecDeque<InFlight>| inflight.iter().filter(|b| !b.released).count();
+            while running(&inflight) < depth
+                && inflight.iter().filter(|b| !b.released).map(|b| b.bytes).sum::<usize>() < MAX_WATCH_INFLIGHT_BYTES
                 && !fragment_open
                 && !verify_now
             {
@@ -378,8 +404,8 @@ impl Worker {
                 sent += 1;
                 let alone = batch.revisions_consumed == 0;
                 inflight.push_back(self.send_batch(peer, epoch, batch, progress, state, &mut writing));
-                if inflight.len() > peak {
-                    peak = inflight.len();
+                if running(&inflight) > peak {
+                    peak = running(&inflight);
                     self.shared.update(|h| h.batches_in_flight_peak = h.batches_in_flight_peak.max(peak));
                 }
                 if alone {
@@ -492,14 +518,20 @@ impl Worker {
         batch: WatchBatch,
         progress: i64,
         state: &State,
-        writing: &mut Writing,
+        writing: &mut Pipeline,
     ) -> InFlight {
         let keys: Vec<u64> = batch.ops.iter().map(|op| writing.hash(op.key())).collect();
         writing.add(&keys);
         let ops = batch.ops.len();
         let bytes = batch.ops.iter().map(MirrorOp::wire_size).sum();
         let bookkeeping = vec![self.raise_progress_op(progress)];
-        let task = tokio::spawn(self.apply(peer, epoch, batch.ops, &state.leases, bookkeeping));
+        let send = self.apply(peer, epoch, batch.ops, &state.leases, bookkeeping);
+        let finished = writing.finished.clone();
+        let task = tokio::spawn(async move {
+            let applied = send.await;
+            finished.notify_one();
+            applied
+        });
         InFlight {
             task,
             revisions_consumed: batch.revisions_consumed,
@@ -509,6 +541,7 @@ impl Worker {
             bytes,
             keys,
             progress,
+            released: false,
         }
     }
 }
