@@ -279,13 +279,23 @@ async fn a_least_privilege_user_over_mtls_mirrors_into_a_three_member_peer() {
     )
     .await;
     converged(&o, &root, "a", DEADLINE).await;
+    // etcd checks a put's lease against the keys already on it before the Txn: the sync fills
+    // each lease in one Txn (two where a Txn ends amid its keys), not a key per Txn.
+    let synced =
+        root.clone().get(keys::region_prefix("a"), Some(etcd_client::GetOptions::new().with_prefix())).await.unwrap();
+    let mut txns_per_lease: std::collections::BTreeMap<i64, std::collections::BTreeSet<i64>> = Default::default();
+    for kv in synced.kvs() {
+        txns_per_lease.entry(kv.lease()).or_default().insert(kv.mod_revision());
+    }
+    let most = txns_per_lease.values().map(|revisions| revisions.len()).max().unwrap_or(0);
+    assert!(most <= 2, "a lease filled over {most} Txns ({} leases)", txns_per_lease.len());
     write_keys(&mut o, "a", 500..1200, "v2").await;
     converged(&o, &root, "a", DEADLINE).await;
     // Auth binds this user: every put attached to a lease costs a check per key on it, so the
     // worker keeps shards small whatever the configured cap.
     let cp = checkpoint(&mut root.clone(), "a").await.expect("checkpoint");
     assert!(
-        cp.keys.iter().all(|n| *n as u64 <= aether_operator::mirror::AUTH_MAX_KEYS_PER_LEASE),
+        cp.keys.iter().all(|n| *n as u64 <= aether_operator::mirror::plan::AUTH_MAX_KEYS_PER_LEASE),
         "keys per lease under auth: {:?}",
         cp.keys
     );

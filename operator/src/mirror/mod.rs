@@ -26,10 +26,6 @@ pub mod retire;
 mod session;
 pub mod shards;
 
-/// The most keys a lease carries when auth binds the mirror's user on the peer (see
-/// `session::lease_cap`): at 100 keys per lease a sync took 2.1x its time without leases on
-/// etcd 3.6 with auth, at 1,000 9.1x, growing about linearly.
-pub const AUTH_MAX_KEYS_PER_LEASE: u64 = 64;
 mod split;
 mod sync;
 pub mod target;

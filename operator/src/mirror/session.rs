@@ -53,7 +53,8 @@ impl Worker {
                 self.peer.connect().await.context("connecting to the peer etcd")
             },)?;
         let origin = self.origin_status(&mut local).await?;
-        state.lease_cap = self.lease_cap(&peer).await?;
+        state.auth_binds = self.auth_binds(&peer).await?;
+        state.lease_cap = super::plan::lease_cap(self.config.max_keys_per_lease, state.auth_binds);
         let records = self.read_records(&peer).await?;
         let first_session = state.ownership.epoch.is_none();
         let (generation, restored) =
@@ -147,27 +148,21 @@ impl Worker {
         }
     }
 
-    /// The keys a lease may carry on this peer. Under auth, etcd checks at every put attached
-    /// to a lease that a non-root writer may write every key already on it (etcd PRs 16005 and
-    /// 16019), so a put costs time linear in its lease's keys; root skips the check. A write
-    /// outside the origin's prefixes that is refused says auth binds this user: shards then stay
-    /// small. The probe Txn's compare never holds, so it writes nothing.
-    async fn lease_cap(&self, peer: &Client) -> anyhow::Result<u64> {
+    /// Whether auth binds this worker's user on the peer: a write outside the origin's prefixes
+    /// is refused. Then every put attached to a lease costs a check of each key already on it
+    /// (see `plan::lease_cap`). The probe Txn's compare never holds, so it writes nothing.
+    async fn auth_binds(&self, peer: &Client) -> anyhow::Result<bool> {
         let probe = "/aether/v1/auth-probe";
         let never = Compare::version(probe, CompareOp::Less, 0);
         let txn = Txn::new().when([never]).and_then([TxnOp::put(probe, "", None)]);
-        let configured = self.config.max_keys_per_lease;
         match tokio::time::timeout(self.config.rpc_timeout, super::target::kv(peer).txn(txn)).await {
             Ok(Err(e)) if e.to_string().contains("permission denied") => {
-                let cap = configured.min(super::AUTH_MAX_KEYS_PER_LEASE);
-                if cap < configured {
-                    info!(configured, cap, "auth binds this user on the peer: keeping lease shards small");
-                }
-                Ok(cap)
+                info!("auth binds this user on the peer: lease shards stay small and a sync fills each lease at once");
+                Ok(true)
             }
             Ok(Err(e)) => Err(anyhow::Error::new(e).context("probing the peer's auth")),
             Err(_) => anyhow::bail!("probing the peer's auth: timed out after {:?}", self.config.rpc_timeout),
-            Ok(Ok(_)) => Ok(configured),
+            Ok(Ok(_)) => Ok(false),
         }
     }
 

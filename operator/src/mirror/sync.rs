@@ -9,7 +9,8 @@
 use super::health::{MirrorEvent, Phase, ResyncCause};
 use super::keepalive::KeeperSignal;
 use super::plan::{
-    Kv, MAX_SYNC_INFLIGHT_BYTES, MirrorOp, SyncBatcher, enforce_request_limit, merge_step, next_page_limit, sync_window,
+    Kv, MAX_SYNC_INFLIGHT_BYTES, MirrorOp, SYNC_GROUP_BYTES, SyncBatcher, enforce_request_limit, group_by_shard,
+    merge_step, next_page_limit, sync_window,
 };
 use super::session::Applied;
 use super::shards::{Layout, needs_reshard, shard_count};
@@ -105,6 +106,7 @@ impl Worker {
         let (mut origin_done, mut peer_done) = (false, false);
         let (mut origin_largest, mut peer_largest) = (0usize, 0usize);
         let mut ops = Vec::new();
+        let (mut staged, mut staged_bytes) = (Vec::new(), 0usize);
         let mut oversized = Vec::new();
 
         loop {
@@ -153,6 +155,19 @@ impl Worker {
                     counts[layout.shard_of(o.key.as_bytes())] -= 1;
                     oversized.push(o);
                 }
+                staged_bytes += op.wire_size();
+                staged.push(op);
+            }
+            let read_all = origin_done && peer_done && origin_buf.is_empty() && peer_buf.is_empty();
+            // Under auth, ops wait to be grouped by lease (see `group_by_shard`).
+            if state.auth_binds && staged_bytes < SYNC_GROUP_BYTES && !read_all {
+                continue;
+            }
+            if state.auth_binds {
+                group_by_shard(&mut staged);
+            }
+            staged_bytes = 0;
+            for op in staged.drain(..) {
                 if let Some(batch) = batcher.push(op) {
                     let bytes: usize = batch.iter().map(MirrorOp::wire_size).sum();
                     while inflight.len() >= window
@@ -169,7 +184,7 @@ impl Worker {
                     inflight.push(with_bytes(apply, bytes));
                 }
             }
-            if origin_done && peer_done && origin_buf.is_empty() && peer_buf.is_empty() {
+            if read_all {
                 break;
             }
         }

@@ -153,8 +153,10 @@ pub(super) struct State {
     pub ownership: Ownership,
     /// One lease per shard (0 where none is granted yet).
     pub leases: Vec<i64>,
-    /// The keys a lease may carry on this peer (see `lease_cap`).
+    /// The keys a lease may carry on this peer (see `plan::lease_cap`).
     pub lease_cap: u64,
+    /// Auth binds this worker's user on the peer (see `session::auth_binds`).
+    pub auth_binds: bool,
     /// Which shard each key belongs to (aligned with `leases`).
     pub layout: super::shards::Layout,
     /// Keys per shard.
