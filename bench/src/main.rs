@@ -485,9 +485,18 @@ async fn bench_scale(table: &mut Table) -> anyhow::Result<()> {
             unseen += keys_n as i64 - count(&tc, &prefix).await;
         }
         let keys_per_s = rate(keys_n * peers, elapsed);
-        if peers == 1 {
+        // What the peer etcd takes at this size with no mirror in the way: the same pages written
+        // in plain Txns into a fresh peer.
+        let raw = if peers == 1 {
             one_peer_rate.insert(keys_n, keys_per_s);
-        }
+            let fresh =
+                EtcdServer::start_with("sc-raw", EtcdFlavor::Default, &["--quota-backend-bytes", "8589934592"]).await?;
+            let started = Instant::now();
+            raw_copy_client(&oc, &Client::connect([fresh.endpoint()], None).await?).await?;
+            Some(rate(keys_n, started.elapsed()))
+        } else {
+            None
+        };
         // What every watch Txn carries besides the ops: the progress record (owner, revision),
         // whatever the subtree's size; the lease layout is written only when it changes.
         let progress =
@@ -505,10 +514,12 @@ async fn bench_scale(table: &mut Table) -> anyhow::Result<()> {
                 match (peers, vs_100k) {
                     (1, Some(ratio)) if keys_n > 100_000 => format!("; 100k's rate is {ratio:.2}x this"),
                     _ => String::new(),
-                }
-            ),
+                },
+            ) + &raw.map_or(String::new(), |raw| {
+                format!("; raw ceiling at this size {raw:.0} keys/s ({:.0} %)", keys_per_s / raw * 100.0)
+            }),
             serde_json::json!({
-                "keys": keys_n, "peers": peers, "keys_per_s": keys_per_s, "seconds": elapsed.as_secs_f64(),
+                "keys": keys_n, "peers": peers, "keys_per_s": keys_per_s, "seconds": elapsed.as_secs_f64(), "raw_keys_per_s": raw,
                 "peak_rss_mib": peak as f64 / 1024.0, "missing": unseen, "bookkeeping_bytes_per_watch_txn": bookkeeping,
             }),
         );
