@@ -781,11 +781,13 @@ async fn bench_steady(table: &mut Table, preload: usize, rtt: Duration) -> anyho
                 after.shard_splits - before.shard_splits,
                 after.split_revisions - before.split_revisions,
                 after.leases,
+                after.txns - before.txns,
             )
         });
         let counters = match worker {
-            Some((resyncs, splits, split_revisions, leases)) => format!(
-                "; resyncs {resyncs}, shard splits {splits}, split revisions {split_revisions}, {leases} leases"
+            Some((resyncs, splits, split_revisions, leases, txns)) => format!(
+                "; resyncs {resyncs}, shard splits {splits}, split revisions {split_revisions}, {leases} leases; {txns} peer Txns ({:.0}/s)",
+                txns as f64 / STEADY_SECONDS as f64
             ),
             None => String::new(),
         };

@@ -151,6 +151,30 @@ pub fn watch_depth(rtt: Option<std::time::Duration>) -> usize {
         _ => 1,
     }
 }
+/// How long a far peer's batch that is not full waits for more revisions while others are in
+/// flight: at most one such Txn per worker per `WATCH_LINGER` (200/s), whatever the origin's write
+/// rate, at the cost of as much latency.
+pub const WATCH_LINGER: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// How much longer the next watch batch should wait before it is sent (pure). Next door one batch
+/// is in flight and the next coalesces behind it. Across distance (`depth` > 1) a free slot
+/// would send every revision alone; a batch that is not full waits until its oldest revision is
+/// `WATCH_LINGER` old, unless nothing is in flight. `cut_short`: revisions are left behind it.
+pub fn watch_linger(
+    depth: usize,
+    running: usize,
+    ops: usize,
+    max_ops: usize,
+    cut_short: bool,
+    waited: std::time::Duration,
+) -> Option<std::time::Duration> {
+    let full = cut_short || ops >= max_ops.div_ceil(2);
+    if depth <= 1 || running == 0 || full || waited >= WATCH_LINGER {
+        return None;
+    }
+    Some(WATCH_LINGER - waited)
+}
+
 /// Round trips between two verifications the watch is held back for (a verification waits for
 /// the batches in flight, then reads a peer page: about two round trips), so that it holds the
 /// watch back at most 1 % of the time.
@@ -375,6 +399,17 @@ mod tests {
         assert_eq!(watch_depth(Some(ms(50))), 51);
         assert_eq!(watch_depth(Some(ms(150))), 151);
         assert_eq!(watch_depth(Some(ms(400))), MAX_WATCH_PIPELINE);
+    }
+
+    #[test]
+    fn a_far_batch_that_is_not_full_lingers_while_others_fly() {
+        let ms = std::time::Duration::from_millis;
+        assert_eq!(watch_linger(1, 1, 1, 125, false, ms(0)), None, "next door: one in flight, no linger");
+        assert_eq!(watch_linger(51, 0, 1, 125, false, ms(0)), None, "nothing in flight: send now");
+        assert_eq!(watch_linger(51, 3, 1, 125, false, ms(2)), Some(ms(3)));
+        assert_eq!(watch_linger(51, 3, 1, 125, false, ms(5)), None, "waited long enough");
+        assert_eq!(watch_linger(51, 3, 63, 125, false, ms(0)), None, "half full");
+        assert_eq!(watch_linger(51, 3, 1, 125, true, ms(0)), None, "more revisions wait behind it");
     }
 
     #[test]

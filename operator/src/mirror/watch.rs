@@ -13,7 +13,7 @@ use super::health::{MirrorEvent, Phase, ResyncCause};
 use super::keepalive::KeeperSignal;
 use super::plan::{
     MAX_WATCH_INFLIGHT_BYTES, MirrorOp, Revision, SyncBatcher, WatchBatch, enforce_request_limit, next_watch_batch,
-    verify_overdue, watch_depth,
+    verify_overdue, watch_depth, watch_linger,
 };
 use super::session::{Applied, WatchEnd};
 use super::shards::overfull_shard;
@@ -133,6 +133,9 @@ impl Worker {
         // The highest revision a landed batch recorded: the progress record holds at least it.
         let mut recorded = state.applied;
         let mut peak = 0usize;
+        // A far peer's batch that is not full waits a little for more revisions (`watch_linger`).
+        let mut linger = Box::pin(tokio::time::sleep(Duration::ZERO));
+        let mut lingering = false;
         // Revisions (from the front of `pending`) in flight, and the revision they reach.
         let (mut dispatched, mut through_dispatched) = (0usize, state.applied);
         // Batches sent and landed; a split lists its old lease once those sent before it landed.
@@ -288,6 +291,7 @@ impl Worker {
                     }
                 }
                 _ = finished.notified(), if !inflight.is_empty() => {}
+                () = &mut linger, if lingering => lingering = false,
                 _ = verify_ticker.tick(), if verifying => verify_due = true,
                 done = async { splitting.as_mut().expect("guarded").step().await }, if splitting.as_ref().is_some_and(Split::running) => {
                     let task = splitting.as_mut().expect("guarded");
@@ -394,6 +398,15 @@ impl Worker {
                     break;
                 };
                 if batch.revisions_consumed == 0 && !inflight.is_empty() {
+                    break;
+                }
+                let waited = pending_meta.get(dispatched).and_then(|m| m.received.elapsed().ok()).unwrap_or_default();
+                let cut_short = dispatched + batch.revisions_consumed < pending.len();
+                if let Some(wait) =
+                    watch_linger(depth, running(&inflight), batch.ops.len(), limits.max_ops, cut_short, waited)
+                {
+                    linger.as_mut().reset(tokio::time::Instant::now() + wait);
+                    lingering = true;
                     break;
                 }
                 // With nothing else in flight, the peer holds everything before this batch.
