@@ -255,8 +255,10 @@ async fn bench_sync(table: &mut Table) -> anyhow::Result<()> {
         let peer_names = ["b", "c"];
         let specs: Vec<(String, String)> =
             targets.iter().enumerate().map(|(i, t)| (peer_names[i].to_string(), t.endpoint())).collect();
+        let ticks = machine_ticks();
         let mut worker = WorkerProcess::start(&origin.endpoint(), &specs)?;
         let elapsed = worker.wait_synced()?;
+        let (busy, worker_cpu) = (busy_percent(ticks, machine_ticks()), cpu_seconds(&worker.child.id().to_string()));
         let rss_kb = worker.peak_kb();
         drop(worker);
         for t in &targets {
@@ -268,7 +270,12 @@ async fn bench_sync(table: &mut Table) -> anyhow::Result<()> {
             &format!("sync {SYNC_KEYS} keys, {peers} peer(s)"),
             "this mirror",
             format!("{mirror_rate:.0} keys/s"),
-            format!("{:.2}s, peak RSS {:.1} MiB", elapsed.as_secs_f64(), rss_kb as f64 / 1024.0),
+            format!(
+                "{:.2}s, peak RSS {:.1} MiB; its CPU {worker_cpu:.2} s ({:.1} µs a key copied), machine busy {busy:.0} %",
+                elapsed.as_secs_f64(),
+                rss_kb as f64 / 1024.0,
+                worker_cpu * 1e6 / (SYNC_KEYS * peers) as f64
+            ),
         );
 
         // make-mirror, same data, fresh peers.
@@ -307,15 +314,22 @@ async fn bench_sync(table: &mut Table) -> anyhow::Result<()> {
                 .map(|i| EtcdServer::start_with(if i == 0 { "raw-b" } else { "raw-c" }, EtcdFlavor::Default, &[])),
         )
         .await?;
+        let (ticks, own_cpu) = (machine_ticks(), cpu_seconds("self"));
         let start = Instant::now();
         futures::future::try_join_all(raw_peers.iter().map(|p| raw_copy(&oc, p))).await?;
         let raw = start.elapsed();
+        let (busy, copy_cpu) = (busy_percent(ticks, machine_ticks()), cpu_seconds("self") - own_cpu);
         let raw_rate = rate(SYNC_KEYS * peers, raw);
         table.row(
             &format!("sync {SYNC_KEYS} keys, {peers} peer(s)"),
             "raw ceiling (batched Txns, no lease)",
             format!("{raw_rate:.0} keys/s"),
-            format!("{:.2}s; mirror reaches {:.0}%", raw.as_secs_f64(), 100.0 * mirror_rate / raw_rate),
+            format!(
+                "{:.2}s; mirror reaches {:.0}%; the copy's CPU {copy_cpu:.2} s ({:.1} µs a key), machine busy {busy:.0} %",
+                raw.as_secs_f64(),
+                100.0 * mirror_rate / raw_rate,
+                copy_cpu * 1e6 / (SYNC_KEYS * peers) as f64
+            ),
         );
     }
     Ok(())
@@ -329,6 +343,32 @@ struct WorkerProcess {
     started: Instant,
     peak: Arc<Mutex<u64>>,
     sampler: Option<std::thread::JoinHandle<()>>,
+}
+
+/// CPU seconds (user + system) a process has used, from /proc/<pid>/stat (100 ticks a second).
+fn cpu_seconds(pid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name, which is in parentheses: utime and stime are the 12th and 13th
+    // (the state comes first).
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let tick = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+    (tick(11) + tick(12)) as f64 / 100.0
+}
+
+/// The machine's busy and total CPU ticks so far (/proc/stat), to show how busy it was between two
+/// readings.
+fn machine_ticks() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let ticks: Vec<u64> =
+        stat.lines().next().unwrap_or_default().split_whitespace().skip(1).filter_map(|f| f.parse().ok()).collect();
+    let total: u64 = ticks.iter().sum();
+    let idle = ticks.get(3).copied().unwrap_or(0) + ticks.get(4).copied().unwrap_or(0);
+    (total - idle, total)
+}
+
+fn busy_percent(before: (u64, u64), after: (u64, u64)) -> f64 {
+    100.0 * (after.0 - before.0) as f64 / (after.1 - before.1).max(1) as f64
 }
 
 /// A field of /proc/<pid>/status in KiB (VmHWM: peak, VmRSS: now).
