@@ -147,11 +147,7 @@ async fn an_origin_cluster_losing_its_leader_mid_watch_converges() {
 #[tokio::test]
 async fn a_handoff_with_256_leases_at_100ms_rtt_deletes_nothing() {
     logs();
-    let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("b")).unwrap();
-    let proxy = FaultProxy::start(peer.client_addr()).await.unwrap();
-    proxy.set_rtt(Duration::from_millis(100));
-    let mut o = connect(&[origin.endpoint()], None).await;
-    write_keys(&mut o, "a", 0..200, "v1").await;
+    let (origin, peer, proxy, mut o) = origin_and_far_peer(Duration::from_millis(100), 200).await;
     let mut cfg = config("w1");
     cfg.lease_ttl_seconds = 10;
     cfg.keepalive_interval = Duration::from_secs(3);
@@ -307,6 +303,17 @@ async fn a_least_privilege_user_over_mtls_mirrors_into_a_three_member_peer() {
     handle.shutdown().await;
 }
 
+/// An origin holding `keys` endpoint keys (version "v1") and a peer reached through a fault proxy
+/// `rtt` away.
+async fn origin_and_far_peer(rtt: Duration, keys: usize) -> (EtcdServer, EtcdServer, FaultProxy, Client) {
+    let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("b")).unwrap();
+    let proxy = FaultProxy::start(peer.client_addr()).await.unwrap();
+    proxy.set_rtt(rtt);
+    let mut o = connect(&[origin.endpoint()], None).await;
+    write_keys(&mut o, "a", 0..keys, "v1").await;
+    (origin, peer, proxy, o)
+}
+
 /// An origin with 300 keys mirrored into a peer 50 ms away through a fault proxy, synced.
 struct Behind {
     origin: EtcdServer,
@@ -318,11 +325,7 @@ struct Behind {
 }
 
 async fn synced_behind_a_proxy() -> Behind {
-    let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("b")).unwrap();
-    let proxy = FaultProxy::start(peer.client_addr()).await.unwrap();
-    proxy.set_rtt(Duration::from_millis(50));
-    let mut o = connect(&[origin.endpoint()], None).await;
-    write_keys(&mut o, "a", 0..300, "v1").await;
+    let (origin, peer, proxy, o) = origin_and_far_peer(Duration::from_millis(50), 300).await;
     let cfg = config("w1");
     let (handle, _events) =
         start(cfg.clone(), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([proxy.endpoint("http")]));
@@ -462,10 +465,7 @@ async fn a_full_peer_backs_off_instead_of_spinning_and_recovers_after_disarm() {
 
 #[tokio::test]
 async fn each_session_fences_the_late_txns_of_its_predecessors() {
-    let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("b")).unwrap();
-    let proxy = FaultProxy::start(peer.client_addr()).await.unwrap();
-    let mut o = connect(&[origin.endpoint()], None).await;
-    write_keys(&mut o, "a", 0..50, "v1").await;
+    let (origin, peer, proxy, mut o) = origin_and_far_peer(Duration::ZERO, 50).await;
     let (handle, _e) =
         start(config("w1"), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([proxy.endpoint("http")]));
     wait_synced(&handle).await;
@@ -736,11 +736,7 @@ async fn a_peer_far_away_gets_batches_in_flight_together_and_a_crash_among_them_
     // New keys and overwrites of a few, fast, through 120 ms: several batches are in flight at
     // once. The worker crashes among them; its successor resumes from the progress record, which
     // never claims a batch that had not landed, and at rest says exactly what the peer holds.
-    let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("b")).unwrap();
-    let proxy = FaultProxy::start(peer.client_addr()).await.unwrap();
-    proxy.set_rtt(Duration::from_millis(120));
-    let mut o = connect(&[origin.endpoint()], None).await;
-    write_keys(&mut o, "a", 0..20, "v0").await;
+    let (origin, peer, proxy, mut o) = origin_and_far_peer(Duration::from_millis(120), 20).await;
     let far = || EtcdTarget::plain([proxy.endpoint("http")]);
     let (first, _e1) = start(config("w1"), EtcdTarget::plain([origin.endpoint()]), far());
     wait_synced(&first).await;
@@ -797,11 +793,7 @@ async fn a_peer_far_away_gets_batches_in_flight_together_and_a_crash_among_them_
 async fn a_peer_far_away_gets_pipelined_batches_applied_in_order() {
     // Overwrites of few keys, fast: batches in flight together must still apply in order, or a
     // key would end with an older value.
-    let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("b")).unwrap();
-    let proxy = FaultProxy::start(peer.client_addr()).await.unwrap();
-    proxy.set_rtt(Duration::from_millis(120));
-    let mut o = connect(&[origin.endpoint()], None).await;
-    write_keys(&mut o, "a", 0..20, "v0").await;
+    let (origin, peer, proxy, o) = origin_and_far_peer(Duration::from_millis(120), 20).await;
     let (handle, _e) =
         start(config("w1"), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([proxy.endpoint("http")]));
     wait_synced(&handle).await;
