@@ -130,6 +130,12 @@ pub const MAX_WATCH_PIPELINE: usize = 256;
 /// Watch batches in flight hold at most this many bytes together.
 pub const MAX_WATCH_INFLIGHT_BYTES: usize = 16 << 20;
 
+/// The peer's distance from its round trip and the origin's (pure): what the peer takes beyond
+/// what any etcd on this machine takes now.
+pub fn distance(peer: Option<std::time::Duration>, local: Option<std::time::Duration>) -> Option<std::time::Duration> {
+    peer.map(|p| p.saturating_sub(local.unwrap_or_default()))
+}
+
 /// Below this round trip the watch keeps one batch in flight: the peer is in the same region
 /// (or the measurement is a busy machine's noise), and revisions coalesce into few Txns.
 pub const WATCH_PIPELINE_FROM: std::time::Duration = std::time::Duration::from_millis(20);
@@ -431,6 +437,16 @@ mod tests {
         group_by_shard(&mut ops);
         let order: Vec<&[u8]> = ops.iter().map(MirrorOp::key).collect();
         assert_eq!(order, vec![b"c".as_slice(), b"e", b"a", b"d", b"b"]);
+    }
+
+    #[test]
+    fn a_busy_machine_is_not_distance() {
+        let ms = std::time::Duration::from_millis;
+        assert_eq!(distance(Some(ms(30)), Some(ms(28))), Some(ms(2)), "both slowed by the machine");
+        assert_eq!(distance(Some(ms(51)), Some(ms(1))), Some(ms(50)));
+        assert_eq!(distance(Some(ms(5)), Some(ms(9))), Some(ms(0)));
+        assert_eq!(distance(Some(ms(50)), None), Some(ms(50)));
+        assert_eq!(distance(None, Some(ms(1))), None);
     }
 
     #[test]

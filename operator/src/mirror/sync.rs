@@ -9,8 +9,8 @@
 use super::health::{MirrorEvent, Phase, ResyncCause};
 use super::keepalive::KeeperSignal;
 use super::plan::{
-    Kv, MAX_SYNC_INFLIGHT_BYTES, MirrorOp, SYNC_GROUP_BYTES, SyncBatcher, enforce_request_limit, group_by_shard,
-    merge_step, next_page_limit, sync_window,
+    Kv, MAX_SYNC_INFLIGHT_BYTES, MirrorOp, SYNC_GROUP_BYTES, SyncBatcher, distance, enforce_request_limit,
+    group_by_shard, merge_step, next_page_limit, sync_window,
 };
 use super::session::Applied;
 use super::shards::{Layout, needs_reshard, shard_count};
@@ -93,7 +93,7 @@ impl Worker {
             return Ok(Some(by));
         }
 
-        let window = sync_window(self.config.sync_parallelism, self.peer_round_trip(peer).await);
+        let window = sync_window(self.config.sync_parallelism, self.peer_distance(local, peer).await);
         let shards = state.leases.len();
         let layout = state.layout.clone();
         let leases = state.leases.clone();
@@ -268,16 +268,21 @@ impl Worker {
         }
     }
 
-    /// The peer's round trip: the fastest of three status calls (None if none answered).
-    pub(super) async fn peer_round_trip(&self, peer: &Client) -> Option<std::time::Duration> {
-        let mut fastest: Option<std::time::Duration> = None;
+    /// How far the peer is: its round trip less the origin's, each the fastest of three status
+    /// calls taken in turn, so that a busy machine, which slows both, is not taken for distance
+    /// (None if the peer never answered).
+    pub(super) async fn peer_distance(&self, local: &Client, peer: &Client) -> Option<std::time::Duration> {
+        let (mut peer_best, mut local_best) = (None, None);
         for _ in 0..3 {
-            let started = std::time::Instant::now();
-            if self.rpc("measure the peer's round trip", peer.clone().status()).await.is_ok() {
-                fastest = Some(fastest.map_or(started.elapsed(), |f| f.min(started.elapsed())));
+            for (client, best) in [(peer, &mut peer_best), (local, &mut local_best)] {
+                let started = std::time::Instant::now();
+                if self.rpc("measure a round trip", client.clone().status()).await.is_ok() {
+                    let took = started.elapsed();
+                    *best = Some(best.map_or(took, |b: std::time::Duration| b.min(took)));
+                }
             }
         }
-        fastest
+        distance(peer_best, local_best)
     }
 
     async fn grant(&self, peer: &mut Client, shard: usize) -> anyhow::Result<i64> {

@@ -48,13 +48,15 @@ struct InFlight {
     released: bool,
 }
 
-/// What the batches in flight share: the keys they write, by hash (a batch that would write one
-/// of them waits; a collision only makes it wait longer), and the signal that any of them
-/// finished, not only the oldest.
+/// What the batches still running share: how many there are and their bytes, the keys they
+/// write, by hash (a batch that would write one of them waits; a collision only makes it wait
+/// longer), and the signal that any of them finished, not only the oldest.
 #[derive(Default)]
 struct Pipeline {
     hasher: std::collections::hash_map::RandomState,
     counts: HashMap<u64, u32>,
+    running: usize,
+    bytes: usize,
     finished: Arc<Notify>,
 }
 
@@ -67,14 +69,23 @@ impl Pipeline {
         self.counts.contains_key(&self.hash(key))
     }
 
-    fn add(&mut self, keys: &[u64]) {
+    fn add(&mut self, keys: &[u64], bytes: usize) {
         for k in keys {
             *self.counts.entry(*k).or_default() += 1;
         }
+        self.running += 1;
+        self.bytes += bytes;
     }
 
-    fn remove(&mut self, keys: &[u64]) {
-        for k in keys {
+    /// Frees a finished batch's slot and keys, once.
+    fn release(&mut self, batch: &mut InFlight) {
+        if batch.released {
+            return;
+        }
+        batch.released = true;
+        self.running -= 1;
+        self.bytes -= batch.bytes;
+        for k in &batch.keys {
             if let Some(n) = self.counts.get_mut(k) {
                 *n -= 1;
                 if *n == 0 {
@@ -124,9 +135,9 @@ impl Worker {
         // Batch Txns in flight, oldest first: enough to cover the peer's round trip. They are
         // taken as landed in this order, whatever order the peer applied them in.
         let mut inflight: VecDeque<InFlight> = VecDeque::new();
-        let mut writing = Pipeline::default();
-        let finished = writing.finished.clone();
-        let round_trip = self.peer_round_trip(peer).await;
+        let mut pipeline = Pipeline::default();
+        let finished = pipeline.finished.clone();
+        let round_trip = self.peer_distance(local, peer).await;
         let depth = watch_depth(round_trip);
         let verify_forced_after = verify_overdue(self.config.verify_interval, round_trip);
         let mut last_verified = Instant::now();
@@ -174,10 +185,8 @@ impl Worker {
                     }
                 }
                 result = async { (&mut inflight.front_mut().expect("guarded").task).await }, if !inflight.is_empty() => {
-                    let batch = inflight.pop_front().expect("guarded");
-                    if !batch.released {
-                        writing.remove(&batch.keys);
-                    }
+                    let mut batch = inflight.pop_front().expect("guarded");
+                    pipeline.release(&mut batch);
                     if let Applied::Fenced(by) = result.map_err(|e| anyhow!("a peer Txn task ended: {e}"))?? {
                         return Ok(WatchEnd::Fenced(by));
                     }
@@ -375,14 +384,9 @@ impl Worker {
             // While a fragmented response is incomplete, its last revision may be partial; a
             // verification due waits for the batches in flight to land.
             for batch in inflight.iter_mut().filter(|b| !b.released && b.task.is_finished()) {
-                writing.remove(&batch.keys);
-                batch.released = true;
+                pipeline.release(batch);
             }
-            let running = |inflight: &VecDeque<InFlight>| inflight.iter().filter(|b| !b.released).count();
-            while running(&inflight) < depth
-                && inflight.iter().filter(|b| !b.released).map(|b| b.bytes).sum::<usize>() < MAX_WATCH_INFLIGHT_BYTES
-                && !fragment_open
-                && !verify_now
+            while pipeline.running < depth && pipeline.bytes < MAX_WATCH_INFLIGHT_BYTES && !fragment_open && !verify_now
             {
                 // A revision larger than one Txn goes alone, in parts.
                 if split > 0 && !inflight.is_empty() {
@@ -393,7 +397,7 @@ impl Worker {
                     if dispatched == 0 { split } else { 0 },
                     through_dispatched,
                     limits,
-                    |key| writing.busy(key),
+                    |key| pipeline.busy(key),
                 ) else {
                     break;
                 };
@@ -403,7 +407,7 @@ impl Worker {
                 let waited = pending_meta.get(dispatched).and_then(|m| m.received.elapsed().ok()).unwrap_or_default();
                 let cut_short = dispatched + batch.revisions_consumed < pending.len();
                 if let Some(wait) =
-                    watch_linger(depth, running(&inflight), batch.ops.len(), limits.max_ops, cut_short, waited)
+                    watch_linger(depth, pipeline.running, batch.ops.len(), limits.max_ops, cut_short, waited)
                 {
                     linger.as_mut().reset(tokio::time::Instant::now() + wait);
                     lingering = true;
@@ -416,9 +420,9 @@ impl Worker {
                 dispatched += batch.revisions_consumed;
                 sent += 1;
                 let alone = batch.revisions_consumed == 0;
-                inflight.push_back(self.send_batch(peer, epoch, batch, progress, state, &mut writing));
-                if running(&inflight) > peak {
-                    peak = running(&inflight);
+                inflight.push_back(self.send_batch(peer, epoch, batch, progress, state, &mut pipeline));
+                if pipeline.running > peak {
+                    peak = pipeline.running;
                     self.shared.update(|h| h.batches_in_flight_peak = h.batches_in_flight_peak.max(peak));
                 }
                 if alone {
@@ -435,7 +439,7 @@ impl Worker {
                     split_ops_consumed: 0,
                 };
                 sent += 1;
-                inflight.push_back(self.send_batch(peer, epoch, flush, state.applied, state, &mut writing));
+                inflight.push_back(self.send_batch(peer, epoch, flush, state.applied, state, &mut pipeline));
             }
         }
     }
@@ -531,15 +535,15 @@ impl Worker {
         batch: WatchBatch,
         progress: i64,
         state: &State,
-        writing: &mut Pipeline,
+        pipeline: &mut Pipeline,
     ) -> InFlight {
-        let keys: Vec<u64> = batch.ops.iter().map(|op| writing.hash(op.key())).collect();
-        writing.add(&keys);
+        let keys: Vec<u64> = batch.ops.iter().map(|op| pipeline.hash(op.key())).collect();
         let ops = batch.ops.len();
         let bytes = batch.ops.iter().map(MirrorOp::wire_size).sum();
+        pipeline.add(&keys, bytes);
         let bookkeeping = vec![self.raise_progress_op(progress)];
         let send = self.apply(peer, epoch, batch.ops, &state.leases, bookkeeping);
-        let finished = writing.finished.clone();
+        let finished = pipeline.finished.clone();
         let task = tokio::spawn(async move {
             let applied = send.await;
             finished.notify_one();
