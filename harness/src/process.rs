@@ -38,6 +38,8 @@ impl Managed {
     pub fn terminate(&mut self) {
         if let Some(mut child) = self.child.take() {
             signal(child.id(), "TERM");
+            // A paused (SIGSTOP) process holds TERM until it runs again.
+            signal(child.id(), "CONT");
             let _ = child.wait();
         }
     }
