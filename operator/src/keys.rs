@@ -142,6 +142,12 @@ pub fn checkpoint_key(origin: &str) -> String {
     format!("{}checkpoint", federation_prefix(origin))
 }
 
+/// Where a checkpoint too large for one request keeps its lease layout, in parts (see
+/// `mirror::checkpoint::plan_write`).
+pub fn checkpoint_parts_prefix(origin: &str) -> String {
+    format!("{}checkpoint-parts/", federation_prefix(origin))
+}
+
 /// The progress record for `origin` on a peer: the origin revision the peer holds, written with
 /// every watch batch (small and constant, unlike the lease layout in the checkpoint).
 pub fn progress_key(origin: &str) -> String {

@@ -818,3 +818,59 @@ async fn a_peer_far_away_gets_pipelined_batches_applied_in_order() {
     assert_eq!(health.session_failures, 0, "{health:?}");
     handle.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_lease_layout_larger_than_one_request_is_checkpointed_in_parts_and_adopted() {
+    // A layout of 1,024 shards records about 23 KB of lease ids; this peer takes requests of 16
+    // KiB at most (1M keys at the least-privilege cap of 64 a lease make 1.6 MB, past etcd's
+    // default 1.5 MiB). The checkpoint must still be written, and grow, and be adopted.
+    let (origin, peer) = tokio::try_join!(
+        EtcdServer::start("a"),
+        EtcdServer::start_with("b", EtcdFlavor::from_env(), &["--max-request-bytes", "16384"])
+    )
+    .unwrap();
+    let mut o = connect(&[origin.endpoint()], None).await;
+    write_keys(&mut o, "a", 0..1000, "v1").await;
+    let mut cfg = config("w1");
+    cfg.max_keys_per_lease = 2;
+    cfg.max_txn_bytes = 12 << 10;
+    let (first, _e1) = start_between(cfg.clone(), &origin, &peer);
+    wait_synced(&first).await;
+    let mut p = connect(&[peer.endpoint()], None).await;
+    converged(&o, &p, "a", DEADLINE).await;
+
+    // Growth splits shards online; each split records the grown layout.
+    write_keys(&mut o, "a", 1000..1100, "v1").await;
+    wait_health(&first, "shards split", |h| h.shard_splits > 0).await;
+    converged(&o, &p, "a", DEADLINE).await;
+    let leases = first.health().leases;
+    assert!(leases > 1024, "{leases} leases after growth");
+    wait_until("the grown layout is recorded", DEADLINE, || {
+        let mut p = p.clone();
+        async move { Ok(checkpoint(&mut p, "a").await.is_some_and(|c| c.leases.len() >= leases)) }
+    })
+    .await
+    .unwrap();
+    first.shutdown().await;
+
+    // A successor adopts the recorded layout instead of syncing anew.
+    let recorded = recorded_leases(&mut p).await;
+    cfg.owner_id = "w2".into();
+    let (second, mut events) = start_between(cfg, &origin, &peer);
+    wait_synced(&second).await;
+    let mut adopted = None;
+    while let Ok(e) = events.try_recv() {
+        if let MirrorEvent::LeasesAdopted { leases, .. } = e {
+            adopted = Some(leases);
+        }
+    }
+    assert_eq!(adopted, Some(recorded), "the successor adopts every recorded lease");
+    assert_eq!(second.health().resyncs, 0, "{:?}", second.health());
+    write_keys(&mut o, "a", 0..10, "v2").await;
+    converged(&o, &p, "a", DEADLINE).await;
+    second.shutdown().await;
+}
+
+async fn recorded_leases(p: &mut Client) -> usize {
+    checkpoint(p, "a").await.expect("checkpoint").leases.len()
+}

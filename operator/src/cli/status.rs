@@ -319,8 +319,7 @@ async fn read_peer(
         .first()
         .and_then(|kv| serde_json::from_slice::<serde_json::Value>(kv.value()).ok())
         .map(|v| v["synced"].as_bool() == Some(true));
-    let checkpoint = etcd.get(keys::checkpoint_key(origin), None).await?;
-    let checkpoint = checkpoint.kvs().first().and_then(|kv| Checkpoint::decode(kv.value()));
+    let checkpoint = crate::mirror::records::read_checkpoint(&etcd, origin).await?;
     Ok((keys_on_peer, canary, checkpoint))
 }
 

@@ -7,7 +7,14 @@
 //! - the owner: who writes this origin's mirror; its mod revision is the fencing epoch.
 //!
 //! A new leader adopts the leases and resumes from them instead of re-putting every key.
+//!
+//! A layout of more than [`SHARDS_PER_PART`] shards is kept in parts beside the checkpoint record
+//! ([`plan_write`]): at the least-privilege cap of 64 keys a lease, 1M keys make 32,768 shards and
+//! 1.6 MB of layout, past etcd's default 1.5 MiB request, and every split would rewrite all of it.
+use super::shards::Slot;
+use crate::keys;
 use serde::{Deserialize, Serialize};
+use std::hash::{Hash, Hasher};
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -34,6 +41,17 @@ pub struct Checkpoint {
     /// has another, and its revisions mean something else (0: unknown).
     #[serde(default)]
     pub origin_cluster_id: u64,
+    /// On a stored record whose layout is kept in parts: where (the vectors above are then empty
+    /// in the record). None in a layout small enough to be recorded whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parts: Option<PartsRef>,
+}
+
+/// Which parts hold a stored checkpoint's layout.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartsRef {
+    pub id: u64,
+    pub count: usize,
 }
 
 impl Checkpoint {
@@ -50,6 +68,226 @@ impl Checkpoint {
     pub fn total_keys(&self) -> i64 {
         self.keys.iter().sum()
     }
+
+    /// Completes a record read from the peer with its parts (`parts[i]` the value of part `i`,
+    /// as [`parts_range`] lists them). None when a part is missing or does not line up: a damaged
+    /// checkpoint leads to a full resync, as an undecodable record does.
+    pub fn assemble(mut self, parts: &[&[u8]]) -> Option<Checkpoint> {
+        let Some(stored) = self.parts.take() else { return Some(self) };
+        if parts.len() != stored.count {
+            return None;
+        }
+        for bytes in parts {
+            let part: Part = serde_json::from_slice(bytes).ok()?;
+            for (whole, piece) in
+                [(&mut self.leases, part.leases), (&mut self.keys, part.keys), (&mut self.retiring, part.retiring)]
+            {
+                if !piece.is_empty() && whole.len() != part.first {
+                    return None;
+                }
+                whole.extend(piece);
+            }
+            if !part.slots.is_empty() && self.slots.len() != part.first {
+                return None;
+            }
+            self.slots.extend(part.slots);
+        }
+        Some(self)
+    }
+}
+
+/// Shards per part of a layout kept in parts: about 13 KB each, so that a split rewrites one or
+/// two parts, not the whole layout. A layout this small or smaller is recorded whole.
+pub const SHARDS_PER_PART: usize = 256;
+
+/// One part: shards `first..` of each of the layout's vectors.
+#[derive(Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Part {
+    first: usize,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    leases: Vec<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    slots: Vec<Slot>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    keys: Vec<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    retiring: Vec<i64>,
+}
+
+/// The key of part `index` of the parts `id`.
+pub fn part_key(origin: &str, id: u64, index: usize) -> Vec<u8> {
+    format!("{}{id:016x}/{index:06}", keys::checkpoint_parts_prefix(origin)).into_bytes()
+}
+
+/// The key range holding exactly the parts a record names.
+pub fn parts_range(origin: &str, parts: PartsRef) -> (Vec<u8>, Vec<u8>) {
+    (part_key(origin, parts.id, 0), part_key(origin, parts.id, parts.count))
+}
+
+fn digest(bytes: &[u8]) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    bytes.hash(&mut h);
+    h.finish()
+}
+
+/// How the checkpoint is stored on the peer, as this worker last read or wrote it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Stored {
+    /// Not known yet: the next write clears whatever parts there may be.
+    #[default]
+    Unknown,
+    /// One record.
+    Whole,
+    /// In parts under `id`, with a digest of each part's value.
+    Parts { id: u64, digests: Vec<u64> },
+}
+
+impl Stored {
+    /// What a read found: the record's parts reference and the parts' values.
+    pub fn read(parts: Option<PartsRef>, values: &[&[u8]]) -> Stored {
+        match parts {
+            None => Stored::Whole,
+            Some(p) => Stored::Parts { id: p.id, digests: values.iter().map(|v| digest(v)).collect() },
+        }
+    }
+}
+
+/// A write to the worker's records on the peer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RecordOp {
+    Put {
+        key: Vec<u8>,
+        value: Vec<u8>,
+    },
+    /// Deletes the keys in `from..to`.
+    Delete {
+        from: Vec<u8>,
+        to: Vec<u8>,
+    },
+}
+
+impl RecordOp {
+    fn bytes(&self) -> usize {
+        match self {
+            RecordOp::Put { key, value } => key.len() + value.len(),
+            RecordOp::Delete { from, to } => from.len() + to.len(),
+        }
+    }
+}
+
+/// What one Txn may carry of checkpoint writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RecordBudget {
+    pub ops: usize,
+    pub bytes: usize,
+}
+
+/// How to write a checkpoint: Txns to apply first (in order, each fenced), then the ops that go
+/// into the Txn that commits it (with the other records it is written with). `stored` is how the
+/// peer holds it once the commit is applied.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckpointWrite {
+    pub before: Vec<Vec<RecordOp>>,
+    pub commit: Vec<RecordOp>,
+    pub stored: Stored,
+}
+
+/// Plans writing `cp` over what the peer holds (`stored`). A small layout is one record, as
+/// before parts existed. A larger one goes in parts of [`SHARDS_PER_PART`] shards:
+/// - the parts that changed, rewritten in place in the commit itself when they fit `budget`
+///   (a split touches one or two);
+/// - otherwise every part under a new id (`fresh_id`) in Txns of their own first, and the record
+///   naming them in the commit: a reader sees the old layout or the new one, never a mix, and a
+///   writer dying halfway leaves only parts no record names, which the next commit deletes.
+pub fn plan_write(
+    origin: &str,
+    cp: &Checkpoint,
+    stored: &Stored,
+    budget: RecordBudget,
+    fresh_id: u64,
+) -> CheckpointWrite {
+    let record = |parts: Option<PartsRef>| {
+        let mut header = cp.clone();
+        header.parts = parts;
+        if parts.is_some() {
+            (header.leases, header.slots, header.keys, header.retiring) = Default::default();
+        }
+        RecordOp::Put { key: keys::checkpoint_key(origin).into_bytes(), value: header.encode() }
+    };
+    let prefix = keys::checkpoint_parts_prefix(origin).into_bytes();
+    let all_parts = || RecordOp::Delete { to: keys::prefix_range_end(&prefix), from: prefix.clone() };
+    if cp.leases.len() <= SHARDS_PER_PART && cp.retiring.len() <= SHARDS_PER_PART {
+        let mut commit = vec![record(None)];
+        if *stored != Stored::Whole {
+            commit.push(all_parts());
+        }
+        return CheckpointWrite { before: Vec::new(), commit, stored: Stored::Whole };
+    }
+
+    let values = encode_parts(cp);
+    let digests: Vec<u64> = values.iter().map(|v| digest(v)).collect();
+    let count = values.len();
+    if let Stored::Parts { id, digests: old } = stored {
+        let id = *id;
+        let mut commit: Vec<RecordOp> = values
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| old.get(*i) != Some(&digests[*i]))
+            .map(|(i, v)| RecordOp::Put { key: part_key(origin, id, i), value: v.clone() })
+            .collect();
+        commit.push(record(Some(PartsRef { id, count })));
+        if old.len() > count {
+            commit.push(RecordOp::Delete { from: part_key(origin, id, count), to: part_key(origin, id, old.len()) });
+        }
+        if commit.len() <= budget.ops && commit.iter().map(RecordOp::bytes).sum::<usize>() <= budget.bytes {
+            return CheckpointWrite { before: Vec::new(), commit, stored: Stored::Parts { id, digests } };
+        }
+    }
+
+    let id = match stored {
+        Stored::Parts { id, .. } if *id == fresh_id => fresh_id.wrapping_add(1),
+        _ => fresh_id,
+    };
+    let mut before: Vec<Vec<RecordOp>> = Vec::new();
+    let mut bytes = 0;
+    for (i, value) in values.into_iter().enumerate() {
+        let op = RecordOp::Put { key: part_key(origin, id, i), value };
+        let full = before.last().is_none_or(|txn| txn.len() >= budget.ops || bytes + op.bytes() > budget.bytes);
+        if full {
+            before.push(Vec::new());
+            bytes = 0;
+        }
+        bytes += op.bytes();
+        before.last_mut().expect("just pushed").push(op);
+    }
+    let (from, to) = parts_range(origin, PartsRef { id, count });
+    let commit = vec![
+        record(Some(PartsRef { id, count })),
+        RecordOp::Delete { from: prefix.clone(), to: from },
+        RecordOp::Delete { from: to, to: keys::prefix_range_end(&prefix) },
+    ];
+    CheckpointWrite { before, commit, stored: Stored::Parts { id, digests } }
+}
+
+/// The layout's vectors cut into parts of [`SHARDS_PER_PART`] shards.
+fn encode_parts(cp: &Checkpoint) -> Vec<Vec<u8>> {
+    let count = cp.leases.len().max(cp.retiring.len()).div_ceil(SHARDS_PER_PART);
+    let piece = |v: &[i64], first: usize| v.get(first..(first + SHARDS_PER_PART).min(v.len())).unwrap_or(&[]).to_vec();
+    (0..count)
+        .map(|i| {
+            let first = i * SHARDS_PER_PART;
+            let slots = cp.slots.get(first..(first + SHARDS_PER_PART).min(cp.slots.len())).unwrap_or(&[]).to_vec();
+            let part = Part {
+                first,
+                leases: piece(&cp.leases, first),
+                slots,
+                keys: piece(&cp.keys, first),
+                retiring: piece(&cp.retiring, first),
+            };
+            serde_json::to_vec(&part).expect("a part always serializes")
+        })
+        .collect()
 }
 
 /// The progress record: the origin revision the peer holds completely, and who wrote it.
@@ -116,6 +354,7 @@ mod tests {
             synced: true,
             retiring: vec![],
             origin_cluster_id: 9,
+            parts: None,
         };
         assert_eq!(Checkpoint::decode(&c.encode()), Some(c.clone()));
         assert!(!String::from_utf8(c.encode()).unwrap().contains("slots"), "a uniform layout records no slots");
@@ -157,5 +396,154 @@ mod tests {
         assert_eq!(c.map(|c| (c.origin_cluster_id, c.retiring.len())), Some((0, 0)));
         let o = Owner::decode(br#"{"owner":"x","acquiredAt":"t"}"#).expect("decodes");
         assert_eq!(o.generation, 0);
+    }
+    const BUDGET: RecordBudget = RecordBudget { ops: 125, bytes: (1 << 20) - 4096 };
+
+    /// A synced layout of `shards` shards, then the given shards split.
+    fn layout(shards: usize, splits: &[usize]) -> Checkpoint {
+        let mut layout = super::super::shards::Layout::uniform(shards);
+        let mut leases: Vec<i64> = (0..shards as i64).map(|i| 7_587_890_000_000_000_000 + i).collect();
+        for shard in splits {
+            layout.split(*shard);
+            leases.push(7_587_890_000_100_000_000 + *shard as i64);
+        }
+        let split = !splits.is_empty();
+        Checkpoint {
+            owner: "a/1".into(),
+            revision: 1 << 30,
+            keys: vec![41; leases.len()],
+            slots: if split { layout.slots().to_vec() } else { Vec::new() },
+            leases,
+            synced: true,
+            retiring: vec![],
+            origin_cluster_id: 9,
+            parts: None,
+        }
+    }
+
+    /// Applies planned writes to a map standing for the peer's keys, as etcd would.
+    fn apply(store: &mut std::collections::BTreeMap<Vec<u8>, Vec<u8>>, write: &CheckpointWrite) {
+        for op in write.before.iter().flatten().chain(&write.commit) {
+            match op {
+                RecordOp::Put { key, value } => {
+                    store.insert(key.clone(), value.clone());
+                }
+                RecordOp::Delete { from, to } => store.retain(|k, _| k < from || k >= to),
+            }
+        }
+    }
+
+    /// Reads the checkpoint back from the map as `records::read_checkpoint` does from etcd.
+    fn read(store: &std::collections::BTreeMap<Vec<u8>, Vec<u8>>) -> (Option<Checkpoint>, Stored) {
+        let header = Checkpoint::decode(&store[keys::checkpoint_key("a").as_bytes()]).expect("record");
+        let Some(parts) = header.parts else { return (Some(header), Stored::Whole) };
+        let (from, to) = parts_range("a", parts);
+        let values: Vec<&[u8]> = store.range(from..to).map(|(_, v)| v.as_slice()).collect();
+        let stored = Stored::read(Some(parts), &values);
+        (header.assemble(&values), stored)
+    }
+
+    fn parts_keys(store: &std::collections::BTreeMap<Vec<u8>, Vec<u8>>) -> usize {
+        let prefix = keys::checkpoint_parts_prefix("a");
+        store.keys().filter(|k| k.starts_with(prefix.as_bytes())).count()
+    }
+
+    #[test]
+    fn a_small_layout_is_one_record_as_before() {
+        let cp = layout(SHARDS_PER_PART, &[]);
+        let write = plan_write("a", &cp, &Stored::Unknown, BUDGET, 1);
+        assert!(write.before.is_empty());
+        assert_eq!(write.commit[0], RecordOp::Put { key: keys::checkpoint_key("a").into_bytes(), value: cp.encode() });
+        assert_eq!(write.stored, Stored::Whole);
+        let again = plan_write("a", &cp, &Stored::Whole, BUDGET, 2);
+        assert_eq!(again.commit.len(), 1, "nothing else to clear: {again:?}");
+    }
+
+    #[test]
+    fn a_layout_past_a_request_is_written_in_parts_and_reads_back_whole() {
+        // 1M keys at the least-privilege cap of 64: 32,768 shards, every one split once more.
+        let mut store = std::collections::BTreeMap::new();
+        let mut cp = layout(32_768, &[0]);
+        cp.retiring = (0..20_000).collect();
+        assert!(cp.encode().len() > 1_572_864, "whole, it would pass etcd's default request limit");
+        let write = plan_write("a", &cp, &Stored::Unknown, BUDGET, 5);
+        for txn in write.before.iter().chain([&write.commit]) {
+            assert!(txn.len() <= BUDGET.ops + 2, "{} ops", txn.len());
+            assert!(txn.iter().map(RecordOp::bytes).sum::<usize>() <= BUDGET.bytes, "a Txn past the budget");
+        }
+        apply(&mut store, &write);
+        let (read_back, stored) = read(&store);
+        assert_eq!(read_back, Some(cp.clone()));
+        assert_eq!(stored, write.stored);
+        let record = &store[keys::checkpoint_key("a").as_bytes()];
+        assert!(record.len() < 400, "the record itself stays small: {} bytes", record.len());
+    }
+
+    #[test]
+    fn a_split_rewrites_only_the_parts_it_changes() {
+        let mut store = std::collections::BTreeMap::new();
+        // (The first split of a uniform layout records every shard's slot: that one rewrites all.)
+        let cp = layout(32_768, &[0]);
+        let first = plan_write("a", &cp, &Stored::Unknown, BUDGET, 5);
+        apply(&mut store, &first);
+        let (_, stored) = read(&store);
+
+        let split = layout(32_768, &[0, 20_000]);
+        let write = plan_write("a", &split, &stored, BUDGET, 6);
+        assert!(write.before.is_empty(), "in place");
+        let bytes: usize = write.commit.iter().map(RecordOp::bytes).sum();
+        assert!(write.commit.len() <= 3, "{} ops", write.commit.len());
+        assert!(bytes < 40_000, "a split writes {bytes} bytes of a 32,768-shard layout");
+        apply(&mut store, &write);
+        assert_eq!(read(&store).0, Some(split));
+    }
+
+    #[test]
+    fn a_writer_dying_between_parts_leaves_the_old_layout_readable_and_the_next_write_clears_up() {
+        let mut store = std::collections::BTreeMap::new();
+        let old = layout(2_048, &[]);
+        apply(&mut store, &plan_write("a", &old, &Stored::Unknown, BUDGET, 5));
+        let (_, stored) = read(&store);
+
+        // A new layout under a new id: only its first Txn lands.
+        let new = Checkpoint { retiring: old.leases.clone(), ..layout(4_096, &[]) };
+        let tight = RecordBudget { ops: 4, bytes: 64 << 10 };
+        let torn = plan_write("a", &new, &stored, tight, 6);
+        assert!(torn.before.len() > 1);
+        for op in &torn.before[0] {
+            apply(&mut store, &CheckpointWrite { before: vec![], commit: vec![op.clone()], stored: Stored::Unknown });
+        }
+        assert_eq!(read(&store).0, Some(old.clone()), "the record still names the old parts");
+
+        // The next writer (a successor, reading what is there) leaves exactly its own parts.
+        let (_, stored) = read(&store);
+        let write = plan_write("a", &new, &stored, tight, 7);
+        apply(&mut store, &write);
+        assert_eq!(read(&store).0, Some(new.clone()));
+        assert_eq!(parts_keys(&store), new.leases.len().div_ceil(SHARDS_PER_PART), "no part left behind");
+
+        // Back to a small layout: one record, no parts.
+        let (_, stored) = read(&store);
+        let small = layout(8, &[]);
+        apply(&mut store, &plan_write("a", &small, &stored, tight, 8));
+        assert_eq!(read(&store), (Some(small), Stored::Whole));
+        assert_eq!(parts_keys(&store), 0);
+    }
+
+    #[test]
+    fn a_missing_or_misplaced_part_reads_as_no_checkpoint() {
+        let mut store = std::collections::BTreeMap::new();
+        apply(&mut store, &plan_write("a", &layout(1_024, &[]), &Stored::Unknown, BUDGET, 5));
+        let (key, _) =
+            store.iter().find(|(k, _)| k.ends_with(b"/000001")).map(|(k, v)| (k.clone(), v.clone())).unwrap();
+        let mut missing = store.clone();
+        missing.remove(&key);
+        assert_eq!(read(&missing).0, None);
+        let mut swapped = store.clone();
+        let second = swapped[&key].clone();
+        let third_key = [&key[..key.len() - 1], b"2"].concat();
+        swapped.insert(key, swapped[&third_key].clone());
+        swapped.insert(third_key, second);
+        assert_eq!(read(&swapped).0, None);
     }
 }

@@ -1,6 +1,5 @@
 //! What the other regions mirror into the local etcd, observed read-only: per origin, its keys,
 //! the remaining TTL of its leases, its sync canary and its checkpoint's revision.
-use super::checkpoint::Checkpoint;
 use crate::keys;
 use etcd_client::{Client, GetOptions};
 use std::collections::BTreeSet;
@@ -35,12 +34,7 @@ pub async fn observe(local: &mut Client, own_region: &str, expected: &[String]) 
     for origin in origins {
         let count =
             local.get(keys::region_prefix(&origin), Some(GetOptions::new().with_prefix().with_count_only())).await?;
-        let checkpoint = local
-            .get(keys::checkpoint_key(&origin), None)
-            .await?
-            .kvs()
-            .first()
-            .and_then(|kv| Checkpoint::decode(kv.value()));
+        let checkpoint = super::records::read_checkpoint(local, &origin).await?;
         let synced = local.get(keys::canary_key(&origin), Some(GetOptions::new().with_count_only())).await?.count() > 0;
         let mut ttl: Option<i64> = None;
         // A few leases tell the story; every shard shares the same keepalive.

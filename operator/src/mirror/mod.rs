@@ -3,7 +3,8 @@
 //!
 //! - [`plan`]: the paged sync diff, page sizing and the packing of revisions into Txns (pure).
 //! - [`shards`]: which lease a key is attached to (pure).
-//! - [`checkpoint`]: the lease layout, progress and owner records kept on the peer.
+//! - [`checkpoint`]: the lease layout, progress and owner records kept on the peer (pure);
+//!   [`records`] reads and writes them.
 //! - [`resume`]: how a session resumes from what the peer records and the origin says (pure).
 //! - [`target`]: reaching an etcd cluster with a member down.
 //! - [`verify`]: continuous verification of the peer's copy, page by page (pure).
@@ -21,6 +22,7 @@ pub mod health;
 pub mod inbound;
 mod keepalive;
 pub mod plan;
+pub mod records;
 pub mod resume;
 pub mod retire;
 mod session;

@@ -208,6 +208,7 @@ mod tests {
             synced,
             retiring: vec![],
             origin_cluster_id: cluster,
+            parts: None,
         }
     }
 

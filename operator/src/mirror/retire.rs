@@ -58,8 +58,13 @@ pub async fn retire(peer: &EtcdTarget, origin: &str, policy: RetirePolicy) -> an
             TxnOp::delete(federation.as_str(), Some(DeleteOptions::new().with_prefix())),
         ],
         RetirePolicy::Lapse => {
-            let leases =
-                checkpoint.as_ref().and_then(|(_, v)| Checkpoint::decode(v)).map(|c| c.leases).unwrap_or_default();
+            let checkpoint = checkpoint.as_ref().and_then(|(_, v)| Checkpoint::decode(v));
+            let revision = read.header().map_or(0, |h| h.revision());
+            let (checkpoint, _) =
+                super::records::complete(&mut super::target::kv(&client), origin, checkpoint, revision)
+                    .await
+                    .context("reading the checkpoint's parts")?;
+            let leases = checkpoint.map(|c| c.leases).unwrap_or_default();
             let mut alive = None;
             for id in leases.into_iter().filter(|id| *id != 0) {
                 if client.lease_time_to_live(id, None).await.is_ok_and(|r| r.ttl() > 0) {
@@ -75,11 +80,17 @@ pub async fn retire(peer: &EtcdTarget, origin: &str, policy: RetirePolicy) -> an
                         .get(federation.as_str(), Some(etcd_client::GetOptions::new().with_prefix()))
                         .await
                         .context("reading the bookkeeping")?;
-                    records
+                    // The checkpoint's parts go now: the record naming them lapses with the
+                    // rest, and there may be more of them than one Txn takes.
+                    let parts = keys::checkpoint_parts_prefix(origin);
+                    let mut ops: Vec<TxnOp> = records
                         .kvs()
                         .iter()
+                        .filter(|kv| !kv.key().starts_with(parts.as_bytes()))
                         .map(|kv| TxnOp::put(kv.key(), kv.value(), Some(PutOptions::new().with_lease(lease))))
-                        .collect()
+                        .collect();
+                    ops.push(TxnOp::delete(parts.as_str(), Some(DeleteOptions::new().with_prefix())));
+                    ops
                 }
             }
         }

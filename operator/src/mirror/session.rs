@@ -23,6 +23,8 @@ const LEASE_CHECKS_IN_FLIGHT: usize = 64;
 pub(super) struct Records {
     pub owner: Option<OwnerRecord>,
     pub checkpoint: Option<Checkpoint>,
+    /// How the peer stores the checkpoint (whole or in parts).
+    pub stored: super::checkpoint::Stored,
     pub progress: Option<Progress>,
 }
 
@@ -56,6 +58,7 @@ impl Worker {
         state.auth_binds = self.auth_binds(&peer).await?;
         state.lease_cap = super::plan::lease_cap(self.config.max_keys_per_lease, state.auth_binds);
         let records = self.read_records(&peer).await?;
+        state.stored_checkpoint = records.stored.clone();
         let first_session = state.ownership.epoch.is_none();
         let (generation, restored) =
             match decide_ownership(&self.config.owner_id, &state.ownership, records.owner.as_ref()) {
@@ -95,6 +98,7 @@ impl Worker {
         state.layout = super::shards::Layout::recorded(&resume.slots, resume.leases.len());
         state.leases = resume.leases;
         state.keys = resume.keys;
+        state.recorded_keys = state.keys.clone();
         state.retiring = resume.retiring;
         state.applied = resume.applied;
         state.synced = resume.resync.is_none();
@@ -181,15 +185,22 @@ impl Worker {
             TxnOp::get(keys::checkpoint_key(origin), None),
             TxnOp::get(keys::progress_key(origin), None),
         ]);
-        let resp = self.rpc("read the mirror's records", super::target::kv(peer).txn(txn)).await?;
+        let mut kv = super::target::kv(peer);
+        let resp = self.rpc("read the mirror's records", kv.txn(txn)).await?;
+        let revision = resp.header().map_or(0, |h| h.revision());
         let mut gets = resp.op_responses().into_iter().map(|r| match r {
             TxnOpResponse::Get(get) => get.kvs().first().map(|kv| (kv.mod_revision(), kv.value().to_vec())),
             _ => None,
         });
         let (owner, checkpoint, progress) = (gets.next().flatten(), gets.next().flatten(), gets.next().flatten());
+        let header = checkpoint.and_then(|(_, v)| Checkpoint::decode(&v));
+        let (checkpoint, stored) = self
+            .rpc("read the checkpoint's parts", super::records::complete(&mut kv, origin, header, revision))
+            .await?;
         Ok(Records {
             owner: owner.map(|(mod_revision, value)| OwnerRecord { mod_revision, owner: Owner::decode(&value) }),
-            checkpoint: checkpoint.and_then(|(_, v)| Checkpoint::decode(&v)),
+            checkpoint,
+            stored,
             progress: progress.and_then(|(_, v)| Progress::decode(&v)),
         })
     }
@@ -297,6 +308,34 @@ impl Worker {
                 return Ok(Applied::Yes);
             }
             Ok(Applied::Fenced(owner_of(&resp).1))
+        }
+    }
+}
+
+impl Worker {
+    /// Writes a checkpoint as planned: the Txns that come first (parts under a new id), then the
+    /// commit with `bookkeeping`; each fenced like every batch. Stops at the first fenced one.
+    pub(super) fn apply_checkpoint(
+        &self,
+        peer: &Client,
+        epoch: i64,
+        write: super::checkpoint::CheckpointWrite,
+        mut bookkeeping: Vec<TxnOp>,
+    ) -> impl Future<Output = anyhow::Result<Applied>> + Send + 'static {
+        let before: Vec<_> = write
+            .before
+            .into_iter()
+            .map(|txn| self.apply(peer, epoch, Vec::new(), &[], super::records::txn_ops(txn)))
+            .collect();
+        bookkeeping.extend(super::records::txn_ops(write.commit));
+        let commit = self.apply(peer, epoch, Vec::new(), &[], bookkeeping);
+        async move {
+            for txn in before {
+                if let Applied::Fenced(by) = txn.await? {
+                    return Ok(Applied::Fenced(by));
+                }
+            }
+            commit.await
         }
     }
 }

@@ -154,11 +154,12 @@ impl Worker {
                 task.to = layout.split(task.from);
                 let mut leases = state.leases.clone();
                 leases.push(lease);
-                let mut keys = state.keys.clone();
+                let mut keys = state.recorded_keys.clone();
+                keys.resize(leases.len() - 1, 0);
                 keys.push(0);
                 let record = self.checkpoint_for(state, &layout, &leases, &keys, state.applied, true);
-                let record = TxnOp::put(keys::checkpoint_key(&self.config.origin), record.encode(), None);
-                let apply = self.apply(peer, epoch, Vec::new(), &leases, vec![record]);
+                let write = self.checkpoint_write(state, &record);
+                let apply = self.apply_checkpoint(peer, epoch, write, Vec::new());
                 task.step = Some(Box::pin(async move { apply.await.map(StepDone::Recorded) }));
                 task.stage = Stage::Recording { layout, lease };
             }
@@ -200,8 +201,12 @@ impl Worker {
             (Stage::Counting, StepDone::Counted(from, to)) => {
                 state.keys[task.from] = from;
                 state.keys[task.to] = to;
-                let record = vec![self.checkpoint_op(state, state.applied, true)];
-                let apply = self.apply(peer, epoch, Vec::new(), &state.leases, record);
+                let mut recorded = state.recorded_keys.clone();
+                recorded.resize(state.leases.len(), 0);
+                (recorded[task.from], recorded[task.to]) = (from, to);
+                let record = self.checkpoint_for(state, &state.layout, &state.leases, &recorded, state.applied, true);
+                let write = self.checkpoint_write(state, &record);
+                let apply = self.apply_checkpoint(peer, epoch, write, Vec::new());
                 task.step = Some(Box::pin(async move { apply.await.map(StepDone::Recorded) }));
                 task.stage = Stage::Finishing;
             }

@@ -88,8 +88,10 @@ impl Worker {
         // Record the layout, not synced, before any key moves: a successor taking over mid-sync
         // keeps every lease that may hold keys alive, and syncs again. The canary says so too.
         let canary = serde_json::json!({"synced": false, "cause": cause.as_str()});
-        let bookkeeping = vec![self.checkpoint_op(state, 0, false), self.canary_op(state, canary)];
-        if let Applied::Fenced(by) = self.apply(peer, epoch, Vec::new(), &state.leases, bookkeeping).await? {
+        let record = self.checkpoint(state, 0, false);
+        let write = self.checkpoint_write(state, &record);
+        let bookkeeping = vec![self.canary_op(state, canary)];
+        if let Applied::Fenced(by) = self.apply_checkpoint(peer, epoch, write, bookkeeping).await? {
             return Ok(Some(by));
         }
 
@@ -207,9 +209,10 @@ impl Worker {
         state.origin_cluster_id = origin_cluster_id;
         let synced_at = k8s_openapi::jiff::Timestamp::now().to_string();
         let canary = serde_json::json!({"synced": true, "revision": revision, "syncedAt": synced_at});
-        let bookkeeping =
-            vec![self.checkpoint_op(state, revision, true), self.progress_op(revision), self.canary_op(state, canary)];
-        if let Applied::Fenced(by) = self.apply(peer, epoch, Vec::new(), &leases, bookkeeping).await? {
+        let record = self.checkpoint(state, revision, true);
+        let write = self.checkpoint_write(state, &record);
+        let bookkeeping = vec![self.progress_op(revision), self.canary_op(state, canary)];
+        if let Applied::Fenced(by) = self.apply_checkpoint(peer, epoch, write, bookkeeping).await? {
             return Ok(Some(by));
         }
         // Every key the origin holds was compared in this sync: it alone says which are too large.

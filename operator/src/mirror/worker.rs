@@ -7,7 +7,7 @@
 //! only resets once something was applied) and starts another. A fenced worker stands by, keeping
 //! the leases alive until a successor shows itself, and takes over again if none does.
 use super::backoff::Backoff;
-use super::checkpoint::{Checkpoint, Progress};
+use super::checkpoint::{Checkpoint, CheckpointWrite, Progress, RecordBudget, plan_write};
 use super::detector::{ReachabilityDetector, Transition};
 use super::health::{MirrorEvent, PeerHealth, Phase, ResyncCause};
 use super::keepalive::{Keeper, KeeperSignal};
@@ -177,6 +177,13 @@ pub(super) struct State {
     pub walk: super::verify::Walk,
     /// Ops per Txn, lowered when the peer says its `--max-txn-ops` is lower than configured.
     pub txn_ops_cap: Option<usize>,
+    /// How the peer stores the checkpoint, as last read or written (written optimistically: a
+    /// write that fails ends the session, and the next one reads it again).
+    pub stored_checkpoint: super::checkpoint::Stored,
+    /// Keys per shard as the checkpoint records them: each shard's count when it was last counted
+    /// (by a sync, or by a split of it). A split records only its two shards' counts, so that it
+    /// rewrites the parts holding them and not every part whose count moved since.
+    pub recorded_keys: Vec<i64>,
 }
 
 pub(super) struct Worker {
@@ -317,11 +324,23 @@ impl Worker {
             synced,
             retiring: state.retiring.clone(),
             origin_cluster_id: state.origin_cluster_id,
+            parts: None,
         }
     }
 
-    pub(super) fn checkpoint_op(&self, state: &State, revision: i64, synced: bool) -> TxnOp {
-        TxnOp::put(keys::checkpoint_key(&self.config.origin), self.checkpoint(state, revision, synced).encode(), None)
+    /// Plans writing `record` over what the peer stores, within what one Txn may carry beside
+    /// the records written with it.
+    pub(super) fn checkpoint_write(&self, state: &mut State, record: &Checkpoint) -> CheckpointWrite {
+        let limits = self.limits(state);
+        let budget = RecordBudget {
+            ops: limits.max_ops.saturating_sub(3).max(1),
+            bytes: limits.max_bytes.saturating_sub(4096).max(1),
+        };
+        let fresh_id = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
+        let write = plan_write(&self.config.origin, record, &state.stored_checkpoint, budget, fresh_id);
+        state.stored_checkpoint = write.stored.clone();
+        state.recorded_keys = record.keys.clone();
+        write
     }
 
     pub(super) fn progress_op(&self, revision: i64) -> TxnOp {

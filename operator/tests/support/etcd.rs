@@ -85,8 +85,7 @@ pub async fn write_keys(c: &mut Client, region: &str, range: std::ops::Range<usi
 
 /// The checkpoint the origin's worker keeps on the peer.
 pub async fn checkpoint(peer: &mut Client, origin: &str) -> Option<Checkpoint> {
-    let resp = peer.get(keys::checkpoint_key(origin), None).await.ok()?;
-    resp.kvs().first().and_then(|kv| Checkpoint::decode(kv.value()))
+    aether_operator::mirror::records::read_checkpoint(peer, origin).await.expect("read the checkpoint")
 }
 
 /// Describes how the peer's copy differs from the origin's subtree, or None when it is equal and
