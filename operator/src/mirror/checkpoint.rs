@@ -225,6 +225,15 @@ pub fn plan_write(
         return CheckpointWrite { before: Vec::new(), commit, stored: Stored::Whole };
     }
 
+    // Deletes every part but the `count` ones of `id`: a shrunk layout's tail, and whatever a
+    // writer that died halfway left.
+    let others = |id: u64, count: usize| {
+        let (from, to) = parts_range(origin, PartsRef { id, count });
+        [
+            RecordOp::Delete { from: prefix.clone(), to: from },
+            RecordOp::Delete { from: to, to: keys::prefix_range_end(&prefix) },
+        ]
+    };
     let values = encode_parts(cp);
     let digests: Vec<u64> = values.iter().map(|v| digest(v)).collect();
     let count = values.len();
@@ -237,9 +246,7 @@ pub fn plan_write(
             .map(|(i, v)| RecordOp::Put { key: part_key(origin, id, i), value: v.clone() })
             .collect();
         commit.push(record(Some(PartsRef { id, count })));
-        if old.len() > count {
-            commit.push(RecordOp::Delete { from: part_key(origin, id, count), to: part_key(origin, id, old.len()) });
-        }
+        commit.extend(others(id, count));
         if commit.len() <= budget.ops && commit.iter().map(RecordOp::bytes).sum::<usize>() <= budget.bytes {
             return CheckpointWrite { before: Vec::new(), commit, stored: Stored::Parts { id, digests } };
         }
@@ -261,12 +268,8 @@ pub fn plan_write(
         bytes += op.bytes();
         before.last_mut().expect("just pushed").push(op);
     }
-    let (from, to) = parts_range(origin, PartsRef { id, count });
-    let commit = vec![
-        record(Some(PartsRef { id, count })),
-        RecordOp::Delete { from: prefix.clone(), to: from },
-        RecordOp::Delete { from: to, to: keys::prefix_range_end(&prefix) },
-    ];
+    let mut commit = vec![record(Some(PartsRef { id, count }))];
+    commit.extend(others(id, count));
     CheckpointWrite { before, commit, stored: Stored::Parts { id, digests } }
 }
 
@@ -492,7 +495,7 @@ mod tests {
         let write = plan_write("a", &split, &stored, BUDGET, 6);
         assert!(write.before.is_empty(), "in place");
         let bytes: usize = write.commit.iter().map(RecordOp::bytes).sum();
-        assert!(write.commit.len() <= 3, "{} ops", write.commit.len());
+        assert!(write.commit.len() <= 5, "{} ops", write.commit.len());
         assert!(bytes < 40_000, "a split writes {bytes} bytes of a 32,768-shard layout");
         apply(&mut store, &write);
         assert_eq!(read(&store).0, Some(split));
@@ -515,7 +518,16 @@ mod tests {
         }
         assert_eq!(read(&store).0, Some(old.clone()), "the record still names the old parts");
 
-        // The next writer (a successor, reading what is there) leaves exactly its own parts.
+        // The next writer (a successor, reading what is there) leaves exactly its own parts,
+        // whether it rewrites a part in place or all of them anew.
+        let (_, stored) = read(&store);
+        let mut counted = old.clone();
+        counted.keys[3] = 40;
+        let in_place = plan_write("a", &counted, &stored, tight, 7);
+        assert!(in_place.before.is_empty());
+        apply(&mut store, &in_place);
+        assert_eq!(read(&store).0, Some(counted));
+        assert_eq!(parts_keys(&store), old.leases.len().div_ceil(SHARDS_PER_PART), "the torn write's parts are gone");
         let (_, stored) = read(&store);
         let write = plan_write("a", &new, &stored, tight, 7);
         apply(&mut store, &write);

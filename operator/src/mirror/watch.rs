@@ -180,7 +180,7 @@ impl Worker {
                         // The sync grants its replacement and records it before moving keys.
                         state.leases[shard] = 0;
                         settle_inflight(std::mem::take(&mut inflight)).await?;
-                        settle_split(splitting.take()).await;
+                        settle_split(splitting.take(), state).await;
                         return Ok(WatchEnd::Resync(ResyncCause::LeaseLost));
                     }
                 }
@@ -235,7 +235,7 @@ impl Worker {
                         if response.compact_revision() > 0 {
                             warn!(compacted = response.compact_revision(), needed = state.applied + 1, "origin compacted past the mirror's revision");
                             settle_inflight(std::mem::take(&mut inflight)).await?;
-                            settle_split(splitting.take()).await;
+                            settle_split(splitting.take(), state).await;
                             return Ok(WatchEnd::Resync(ResyncCause::Compacted));
                         }
                         anyhow::bail!("the origin cancelled the watch: {}", response.cancel_reason());
@@ -563,10 +563,13 @@ impl Worker {
     }
 }
 
-/// Lets a split's step finish before a resync: a move Txn may still land.
-async fn settle_split(splitting: Option<Split>) {
+/// Lets a split's step finish before a resync: a move Txn may still land. Its outcome is not
+/// looked at, so how the peer stores the checkpoint is not known any more: the sync's record is
+/// then written in full.
+async fn settle_split(splitting: Option<Split>, state: &mut State) {
     if let Some(task) = splitting {
         task.settle().await;
+        state.stored_checkpoint = super::checkpoint::Stored::Unknown;
     }
 }
 
