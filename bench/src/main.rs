@@ -525,6 +525,11 @@ async fn bench_scale(table: &mut Table) -> anyhow::Result<()> {
             unseen += keys_n as i64 - count(&tc, &prefix).await;
         }
         let keys_per_s = rate(keys_n * peers, elapsed);
+        // How the lease layout is recorded on the peer: one record, or a record and its parts.
+        let recorded = {
+            let tc = Client::connect([targets[0].endpoint()], None).await?;
+            checkpoint_footprint(&tc, "a").await?
+        };
         // What the peer etcd takes at this size with no mirror in the way: the same pages written
         // in plain Txns into a fresh peer.
         let raw = if peers == 1 {
@@ -548,9 +553,11 @@ async fn bench_scale(table: &mut Table) -> anyhow::Result<()> {
             "this mirror",
             format!("{keys_per_s:.0} keys/s"),
             format!(
-                "{:.2}s, peak RSS {:.1} MiB, {unseen} keys missing (failures), {bookkeeping} B bookkeeping per watch Txn{}",
+                "{:.2}s, peak RSS {:.1} MiB, {unseen} keys missing (failures), {bookkeeping} B bookkeeping per watch Txn, checkpoint {} B in {} part(s){}",
                 elapsed.as_secs_f64(),
                 peak as f64 / 1024.0,
+                recorded.1,
+                recorded.0,
                 match (peers, vs_100k) {
                     (1, Some(ratio)) if keys_n > 100_000 => format!("; 100k's rate is {ratio:.2}x this"),
                     _ => String::new(),
@@ -561,10 +568,21 @@ async fn bench_scale(table: &mut Table) -> anyhow::Result<()> {
             serde_json::json!({
                 "keys": keys_n, "peers": peers, "keys_per_s": keys_per_s, "seconds": elapsed.as_secs_f64(), "raw_keys_per_s": raw,
                 "peak_rss_mib": peak as f64 / 1024.0, "missing": unseen, "bookkeeping_bytes_per_watch_txn": bookkeeping,
+                "checkpoint_parts": recorded.0, "checkpoint_bytes": recorded.1,
             }),
         );
     }
     Ok(())
+}
+
+/// The checkpoint of `origin` on a peer: its parts (0: recorded whole) and bytes, record included.
+async fn checkpoint_footprint(peer: &Client, origin: &str) -> anyhow::Result<(usize, usize)> {
+    let mut kv = peer.kv_client();
+    let record = kv.get(keys::checkpoint_key(origin), None).await?;
+    let parts =
+        kv.get(keys::checkpoint_parts_prefix(origin), Some(etcd_client::GetOptions::new().with_prefix())).await?;
+    let bytes = |kvs: &[etcd_client::KeyValue]| kvs.iter().map(|kv| kv.key().len() + kv.value().len()).sum::<usize>();
+    Ok((parts.kvs().len(), bytes(record.kvs()) + bytes(parts.kvs())))
 }
 
 /// The peer as the mirror reaches it: directly, or through a proxy `rtt` away.

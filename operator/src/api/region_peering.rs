@@ -205,6 +205,13 @@ pub struct SyncSettings {
     #[serde(default = "default_max_request_bytes")]
     #[schemars(range(min = 65536, max = 2147483647))]
     pub max_request_bytes: i64,
+    /// How long a batch for a peer far away waits for more revisions while other batches are on
+    /// their way (a peer next door gets one batch at a time and never waits). Each worker sends at
+    /// most one batch that is not half full per linger: raise it in a large mesh to send fewer Txns
+    /// into each peer, at the cost of as much replication latency; 0 sends each revision at once.
+    #[serde(default = "default_watch_linger")]
+    #[schemars(range(min = 0, max = 1000))]
+    pub watch_linger_milliseconds: i64,
     /// A peer whose lag exceeds this many seconds is not Ready.
     #[serde(default = "default_max_ready_lag")]
     #[schemars(range(min = 1, max = 86400))]
@@ -223,6 +230,9 @@ fn default_max_txn_bytes() -> i64 {
 fn default_max_request_bytes() -> i64 {
     1_572_864
 }
+fn default_watch_linger() -> i64 {
+    5
+}
 fn default_max_ready_lag() -> i64 {
     30
 }
@@ -234,6 +244,7 @@ impl Default for SyncSettings {
             max_txn_ops: default_max_txn_ops(),
             max_txn_bytes: default_max_txn_bytes(),
             max_request_bytes: default_max_request_bytes(),
+            watch_linger_milliseconds: default_watch_linger(),
             max_ready_lag_seconds: default_max_ready_lag(),
         }
     }

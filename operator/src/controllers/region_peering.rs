@@ -457,6 +457,7 @@ fn mirror_config(spec: &RegionPeeringSpec, peer: &str, owner: &str) -> MirrorCon
     c.max_txn_ops = spec.sync.max_txn_ops.max(4) as usize;
     c.max_txn_bytes = spec.sync.max_txn_bytes.max(65536) as usize;
     c.max_request_bytes = spec.sync.max_request_bytes.max(65536) as usize;
+    c.watch_linger = Duration::from_millis(spec.sync.watch_linger_milliseconds.clamp(0, 1000) as u64);
     c.acceptable_pause = Duration::from_secs(spec.failure_detector.acceptable_pause_seconds.max(1) as u64);
     c
 }
@@ -637,5 +638,33 @@ async fn sweep_deleted(ctx: &Arc<Context>) {
         ctx.locals.lock().await.remove(&key);
         ctx.announced.lock().expect("lock").remove(&key);
         ctx.cluster_ids.lock().expect("lock").remove(&key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(sync: serde_json::Value) -> RegionPeeringSpec {
+        serde_json::from_value(serde_json::json!({
+            "region": "a",
+            "localEtcd": {"endpoints": ["https://etcd-a:2379"]},
+            "peers": [],
+            "sync": sync,
+        }))
+        .expect("a spec")
+    }
+
+    #[test]
+    fn the_crds_defaults_are_the_workers_and_the_linger_is_honoured() {
+        let defaults = mirror_config(&spec(serde_json::json!({})), "b", "w");
+        let worker = MirrorConfig::new("a", "b", "w");
+        assert_eq!(defaults.watch_linger, worker.watch_linger);
+        assert_eq!(
+            (defaults.max_txn_ops, defaults.max_txn_bytes, defaults.max_request_bytes, defaults.page_size),
+            (worker.max_txn_ops, worker.max_txn_bytes, worker.max_request_bytes, worker.page_size)
+        );
+        let large_mesh = mirror_config(&spec(serde_json::json!({"watchLingerMilliseconds": 50})), "b", "w");
+        assert_eq!(large_mesh.watch_linger, Duration::from_millis(50));
     }
 }

@@ -79,6 +79,9 @@ pub struct MirrorConfig {
     pub verify_interval: Duration,
     /// Keys per verification page.
     pub verify_page_size: i64,
+    /// How long a far peer's batch that is not full waits for more revisions while others are in
+    /// flight (see `plan::watch_linger`).
+    pub watch_linger: Duration,
 }
 
 impl MirrorConfig {
@@ -106,6 +109,7 @@ impl MirrorConfig {
             progress_interval: Duration::from_secs(2),
             verify_interval: Duration::from_secs(5),
             verify_page_size: 1000,
+            watch_linger: plan::WATCH_LINGER,
         }
     }
 }

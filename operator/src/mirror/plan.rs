@@ -158,15 +158,16 @@ pub fn watch_depth(rtt: Option<std::time::Duration>) -> usize {
     }
 }
 /// How long a far peer's batch that is not full waits for more revisions while others are in
-/// flight: at most one such Txn per worker per `WATCH_LINGER` (200/s), whatever the origin's write
-/// rate, at the cost of as much latency.
+/// flight, by default: at most one such Txn per worker per linger (200/s), whatever the origin's
+/// write rate, at the cost of as much latency (`spec.sync.watchLingerMilliseconds`).
 pub const WATCH_LINGER: std::time::Duration = std::time::Duration::from_millis(5);
 
 /// How much longer the next watch batch should wait before it is sent (pure). Next door one batch
 /// is in flight and the next coalesces behind it. Across distance (`depth` > 1) a free slot
 /// would send every revision alone; a batch that is not full waits until its oldest revision is
-/// `WATCH_LINGER` old, unless nothing is in flight. `cut_short`: revisions are left behind it.
+/// `linger` old, unless nothing is in flight. `cut_short`: revisions are left behind it.
 pub fn watch_linger(
+    linger: std::time::Duration,
     depth: usize,
     running: usize,
     ops: usize,
@@ -175,10 +176,10 @@ pub fn watch_linger(
     waited: std::time::Duration,
 ) -> Option<std::time::Duration> {
     let full = cut_short || ops >= max_ops.div_ceil(2);
-    if depth <= 1 || running == 0 || full || waited >= WATCH_LINGER {
+    if depth <= 1 || running == 0 || full || waited >= linger {
         return None;
     }
-    Some(WATCH_LINGER - waited)
+    Some(linger - waited)
 }
 
 /// Round trips between two verifications the watch is held back for (a verification waits for
@@ -410,12 +411,18 @@ mod tests {
     #[test]
     fn a_far_batch_that_is_not_full_lingers_while_others_fly() {
         let ms = std::time::Duration::from_millis;
-        assert_eq!(watch_linger(1, 1, 1, 125, false, ms(0)), None, "next door: one in flight, no linger");
-        assert_eq!(watch_linger(51, 0, 1, 125, false, ms(0)), None, "nothing in flight: send now");
-        assert_eq!(watch_linger(51, 3, 1, 125, false, ms(2)), Some(ms(3)));
-        assert_eq!(watch_linger(51, 3, 1, 125, false, ms(5)), None, "waited long enough");
-        assert_eq!(watch_linger(51, 3, 63, 125, false, ms(0)), None, "half full");
-        assert_eq!(watch_linger(51, 3, 1, 125, true, ms(0)), None, "more revisions wait behind it");
+        assert_eq!(watch_linger(WATCH_LINGER, 1, 1, 1, 125, false, ms(0)), None, "next door: one in flight, no linger");
+        assert_eq!(watch_linger(WATCH_LINGER, 51, 0, 1, 125, false, ms(0)), None, "nothing in flight: send now");
+        assert_eq!(watch_linger(WATCH_LINGER, 51, 3, 1, 125, false, ms(2)), Some(ms(3)));
+        assert_eq!(watch_linger(WATCH_LINGER, 51, 3, 1, 125, false, ms(5)), None, "waited long enough");
+        assert_eq!(watch_linger(WATCH_LINGER, 51, 3, 63, 125, false, ms(0)), None, "half full");
+        assert_eq!(watch_linger(WATCH_LINGER, 51, 3, 1, 125, true, ms(0)), None, "more revisions wait behind it");
+        assert_eq!(
+            watch_linger(ms(50), 51, 3, 1, 125, false, ms(5)),
+            Some(ms(45)),
+            "a longer linger, set for a large mesh"
+        );
+        assert_eq!(watch_linger(ms(0), 51, 3, 1, 125, false, ms(0)), None, "no linger: send at once");
     }
 
     #[test]

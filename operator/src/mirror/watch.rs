@@ -406,9 +406,15 @@ impl Worker {
                 }
                 let waited = pending_meta.get(dispatched).and_then(|m| m.received.elapsed().ok()).unwrap_or_default();
                 let cut_short = dispatched + batch.revisions_consumed < pending.len();
-                if let Some(wait) =
-                    watch_linger(depth, pipeline.running, batch.ops.len(), limits.max_ops, cut_short, waited)
-                {
+                if let Some(wait) = watch_linger(
+                    self.config.watch_linger,
+                    depth,
+                    pipeline.running,
+                    batch.ops.len(),
+                    limits.max_ops,
+                    cut_short,
+                    waited,
+                ) {
                     linger.as_mut().reset(tokio::time::Instant::now() + wait);
                     lingering = true;
                     break;
