@@ -823,7 +823,8 @@ async fn a_peer_far_away_gets_pipelined_batches_applied_in_order() {
 async fn a_lease_layout_larger_than_one_request_is_checkpointed_in_parts_and_adopted() {
     // A layout of 1,024 shards records about 23 KB of lease ids; this peer takes requests of 16
     // KiB at most (1M keys at the least-privilege cap of 64 a lease make 1.6 MB, past etcd's
-    // default 1.5 MiB). The checkpoint must still be written, and grow, and be adopted.
+    // default 1.5 MiB). The checkpoint must still be written, and grow, and be adopted. Parts of
+    // 64 shards (3 KB) let a split rewrite its parts in place within a request.
     let (origin, peer) = tokio::try_join!(
         EtcdServer::start("a"),
         EtcdServer::start_with("b", EtcdFlavor::from_env(), &["--max-request-bytes", "16384"])
@@ -834,6 +835,7 @@ async fn a_lease_layout_larger_than_one_request_is_checkpointed_in_parts_and_ado
     let mut cfg = config("w1");
     cfg.max_keys_per_lease = 2;
     cfg.max_txn_bytes = 12 << 10;
+    cfg.checkpoint_shards_per_part = 64;
     let (first, _e1) = start_between(cfg.clone(), &origin, &peer);
     wait_synced(&first).await;
     let mut p = connect(&[peer.endpoint()], None).await;
@@ -852,6 +854,10 @@ async fn a_lease_layout_larger_than_one_request_is_checkpointed_in_parts_and_ado
     .await
     .unwrap();
     first.shutdown().await;
+    let parts =
+        p.get(keys::checkpoint_parts_prefix("a"), Some(etcd_client::GetOptions::new().with_prefix())).await.unwrap();
+    assert!(parts.kvs().len() > 16, "{} parts for more than 1,024 shards", parts.kvs().len());
+    assert!(parts.kvs().iter().any(|kv| kv.version() > 1), "a split rewrote a part in place");
 
     // A successor adopts the recorded layout instead of syncing anew.
     let recorded = recorded_leases(&mut p).await;

@@ -96,8 +96,9 @@ impl Checkpoint {
     }
 }
 
-/// Shards per part of a layout kept in parts: about 13 KB each, so that a split rewrites one or
-/// two parts, not the whole layout. A layout this small or smaller is recorded whole.
+/// Shards per part of a layout kept in parts, by default: about 13 KB each, so that a split
+/// rewrites one or two parts, not the whole layout. A layout this small or smaller is recorded
+/// whole.
 pub const SHARDS_PER_PART: usize = 256;
 
 /// One part: shards `first..` of each of the layout's vectors.
@@ -193,8 +194,8 @@ pub struct CheckpointWrite {
     pub stored: Stored,
 }
 
-/// Plans writing `cp` over what the peer holds (`stored`). A small layout is one record, as
-/// before parts existed. A larger one goes in parts of [`SHARDS_PER_PART`] shards:
+/// Plans writing `cp` over what the peer holds (`stored`). A layout of `per_part` shards or fewer
+/// is one record, as before parts existed. A larger one goes in parts of `per_part` shards:
 /// - the parts that changed, rewritten in place in the commit itself when they fit `budget`
 ///   (a split touches one or two);
 /// - otherwise every part under a new id (`fresh_id`) in Txns of their own first, and the record
@@ -205,8 +206,10 @@ pub fn plan_write(
     cp: &Checkpoint,
     stored: &Stored,
     budget: RecordBudget,
+    per_part: usize,
     fresh_id: u64,
 ) -> CheckpointWrite {
+    let per_part = per_part.max(1);
     let record = |parts: Option<PartsRef>| {
         let mut header = cp.clone();
         header.parts = parts;
@@ -217,7 +220,7 @@ pub fn plan_write(
     };
     let prefix = keys::checkpoint_parts_prefix(origin).into_bytes();
     let all_parts = || RecordOp::Delete { to: keys::prefix_range_end(&prefix), from: prefix.clone() };
-    if cp.leases.len() <= SHARDS_PER_PART && cp.retiring.len() <= SHARDS_PER_PART {
+    if cp.leases.len() <= per_part && cp.retiring.len() <= per_part {
         let mut commit = vec![record(None)];
         if *stored != Stored::Whole {
             commit.push(all_parts());
@@ -234,7 +237,7 @@ pub fn plan_write(
             RecordOp::Delete { from: to, to: keys::prefix_range_end(&prefix) },
         ]
     };
-    let values = encode_parts(cp);
+    let values = encode_parts(cp, per_part);
     let digests: Vec<u64> = values.iter().map(|v| digest(v)).collect();
     let count = values.len();
     if let Stored::Parts { id, digests: old } = stored {
@@ -273,14 +276,14 @@ pub fn plan_write(
     CheckpointWrite { before, commit, stored: Stored::Parts { id, digests } }
 }
 
-/// The layout's vectors cut into parts of [`SHARDS_PER_PART`] shards.
-fn encode_parts(cp: &Checkpoint) -> Vec<Vec<u8>> {
-    let count = cp.leases.len().max(cp.retiring.len()).div_ceil(SHARDS_PER_PART);
-    let piece = |v: &[i64], first: usize| v.get(first..(first + SHARDS_PER_PART).min(v.len())).unwrap_or(&[]).to_vec();
+/// The layout's vectors cut into parts of `per_part` shards.
+fn encode_parts(cp: &Checkpoint, per_part: usize) -> Vec<Vec<u8>> {
+    let count = cp.leases.len().max(cp.retiring.len()).div_ceil(per_part);
+    let piece = |v: &[i64], first: usize| v.get(first..(first + per_part).min(v.len())).unwrap_or(&[]).to_vec();
     (0..count)
         .map(|i| {
-            let first = i * SHARDS_PER_PART;
-            let slots = cp.slots.get(first..(first + SHARDS_PER_PART).min(cp.slots.len())).unwrap_or(&[]).to_vec();
+            let first = i * per_part;
+            let slots = cp.slots.get(first..(first + per_part).min(cp.slots.len())).unwrap_or(&[]).to_vec();
             let part = Part {
                 first,
                 leases: piece(&cp.leases, first),
@@ -454,11 +457,11 @@ mod tests {
     #[test]
     fn a_small_layout_is_one_record_as_before() {
         let cp = layout(SHARDS_PER_PART, &[]);
-        let write = plan_write("a", &cp, &Stored::Unknown, BUDGET, 1);
+        let write = plan_write("a", &cp, &Stored::Unknown, BUDGET, SHARDS_PER_PART, 1);
         assert!(write.before.is_empty());
         assert_eq!(write.commit[0], RecordOp::Put { key: keys::checkpoint_key("a").into_bytes(), value: cp.encode() });
         assert_eq!(write.stored, Stored::Whole);
-        let again = plan_write("a", &cp, &Stored::Whole, BUDGET, 2);
+        let again = plan_write("a", &cp, &Stored::Whole, BUDGET, SHARDS_PER_PART, 2);
         assert_eq!(again.commit.len(), 1, "nothing else to clear: {again:?}");
     }
 
@@ -469,7 +472,7 @@ mod tests {
         let mut cp = layout(32_768, &[0]);
         cp.retiring = (0..20_000).collect();
         assert!(cp.encode().len() > 1_572_864, "whole, it would pass etcd's default request limit");
-        let write = plan_write("a", &cp, &Stored::Unknown, BUDGET, 5);
+        let write = plan_write("a", &cp, &Stored::Unknown, BUDGET, SHARDS_PER_PART, 5);
         for txn in write.before.iter().chain([&write.commit]) {
             assert!(txn.len() <= BUDGET.ops + 2, "{} ops", txn.len());
             assert!(txn.iter().map(RecordOp::bytes).sum::<usize>() <= BUDGET.bytes, "a Txn past the budget");
@@ -487,12 +490,12 @@ mod tests {
         let mut store = std::collections::BTreeMap::new();
         // (The first split of a uniform layout records every shard's slot: that one rewrites all.)
         let cp = layout(32_768, &[0]);
-        let first = plan_write("a", &cp, &Stored::Unknown, BUDGET, 5);
+        let first = plan_write("a", &cp, &Stored::Unknown, BUDGET, SHARDS_PER_PART, 5);
         apply(&mut store, &first);
         let (_, stored) = read(&store);
 
         let split = layout(32_768, &[0, 20_000]);
-        let write = plan_write("a", &split, &stored, BUDGET, 6);
+        let write = plan_write("a", &split, &stored, BUDGET, SHARDS_PER_PART, 6);
         assert!(write.before.is_empty(), "in place");
         let bytes: usize = write.commit.iter().map(RecordOp::bytes).sum();
         assert!(write.commit.len() <= 5, "{} ops", write.commit.len());
@@ -505,13 +508,13 @@ mod tests {
     fn a_writer_dying_between_parts_leaves_the_old_layout_readable_and_the_next_write_clears_up() {
         let mut store = std::collections::BTreeMap::new();
         let old = layout(2_048, &[]);
-        apply(&mut store, &plan_write("a", &old, &Stored::Unknown, BUDGET, 5));
+        apply(&mut store, &plan_write("a", &old, &Stored::Unknown, BUDGET, SHARDS_PER_PART, 5));
         let (_, stored) = read(&store);
 
         // A new layout under a new id: only its first Txn lands.
         let new = Checkpoint { retiring: old.leases.clone(), ..layout(4_096, &[]) };
         let tight = RecordBudget { ops: 4, bytes: 64 << 10 };
-        let torn = plan_write("a", &new, &stored, tight, 6);
+        let torn = plan_write("a", &new, &stored, tight, SHARDS_PER_PART, 6);
         assert!(torn.before.len() > 1);
         for op in &torn.before[0] {
             apply(&mut store, &CheckpointWrite { before: vec![], commit: vec![op.clone()], stored: Stored::Unknown });
@@ -523,13 +526,13 @@ mod tests {
         let (_, stored) = read(&store);
         let mut counted = old.clone();
         counted.keys[3] = 40;
-        let in_place = plan_write("a", &counted, &stored, tight, 7);
+        let in_place = plan_write("a", &counted, &stored, tight, SHARDS_PER_PART, 7);
         assert!(in_place.before.is_empty());
         apply(&mut store, &in_place);
         assert_eq!(read(&store).0, Some(counted));
         assert_eq!(parts_keys(&store), old.leases.len().div_ceil(SHARDS_PER_PART), "the torn write's parts are gone");
         let (_, stored) = read(&store);
-        let write = plan_write("a", &new, &stored, tight, 7);
+        let write = plan_write("a", &new, &stored, tight, SHARDS_PER_PART, 7);
         apply(&mut store, &write);
         assert_eq!(read(&store).0, Some(new.clone()));
         assert_eq!(parts_keys(&store), new.leases.len().div_ceil(SHARDS_PER_PART), "no part left behind");
@@ -537,7 +540,7 @@ mod tests {
         // Back to a small layout: one record, no parts.
         let (_, stored) = read(&store);
         let small = layout(8, &[]);
-        apply(&mut store, &plan_write("a", &small, &stored, tight, 8));
+        apply(&mut store, &plan_write("a", &small, &stored, tight, SHARDS_PER_PART, 8));
         assert_eq!(read(&store), (Some(small), Stored::Whole));
         assert_eq!(parts_keys(&store), 0);
     }
@@ -545,7 +548,7 @@ mod tests {
     #[test]
     fn a_missing_or_misplaced_part_reads_as_no_checkpoint() {
         let mut store = std::collections::BTreeMap::new();
-        apply(&mut store, &plan_write("a", &layout(1_024, &[]), &Stored::Unknown, BUDGET, 5));
+        apply(&mut store, &plan_write("a", &layout(1_024, &[]), &Stored::Unknown, BUDGET, SHARDS_PER_PART, 5));
         let (key, _) =
             store.iter().find(|(k, _)| k.ends_with(b"/000001")).map(|(k, v)| (k.clone(), v.clone())).unwrap();
         let mut missing = store.clone();

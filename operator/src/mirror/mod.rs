@@ -82,6 +82,8 @@ pub struct MirrorConfig {
     /// How long a far peer's batch that is not full waits for more revisions while others are in
     /// flight (see `plan::watch_linger`).
     pub watch_linger: Duration,
+    /// Shards per part of a checkpoint too large to be one record (`checkpoint::SHARDS_PER_PART`).
+    pub checkpoint_shards_per_part: usize,
 }
 
 impl MirrorConfig {
@@ -110,6 +112,7 @@ impl MirrorConfig {
             verify_interval: Duration::from_secs(5),
             verify_page_size: 1000,
             watch_linger: plan::WATCH_LINGER,
+            checkpoint_shards_per_part: checkpoint::SHARDS_PER_PART,
         }
     }
 }

@@ -337,7 +337,8 @@ impl Worker {
             bytes: limits.max_bytes.saturating_sub(4096).max(1),
         };
         let fresh_id = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
-        let write = plan_write(&self.config.origin, record, &state.stored_checkpoint, budget, fresh_id);
+        let per_part = self.config.checkpoint_shards_per_part;
+        let write = plan_write(&self.config.origin, record, &state.stored_checkpoint, budget, per_part, fresh_id);
         state.stored_checkpoint = write.stored.clone();
         state.recorded_keys = record.keys.clone();
         write
