@@ -314,6 +314,17 @@ async fn origin_and_far_peer(rtt: Duration, keys: usize) -> (EtcdServer, EtcdSer
     (origin, peer, proxy, o)
 }
 
+/// An origin holding `keys` keys and a peer started with `peer_flags` (a small quota, a small
+/// request limit), both plain and next door.
+async fn origin_and_peer_with(peer_flags: &[&str], keys: usize) -> (EtcdServer, EtcdServer, Client) {
+    let (origin, peer) =
+        tokio::try_join!(EtcdServer::start("a"), EtcdServer::start_with("b", EtcdFlavor::from_env(), peer_flags))
+            .unwrap();
+    let mut o = connect(&[origin.endpoint()], None).await;
+    write_keys(&mut o, "a", 0..keys, "v1").await;
+    (origin, peer, o)
+}
+
 /// An origin with 300 keys mirrored into a peer 50 ms away through a fault proxy, synced.
 struct Behind {
     origin: EtcdServer,
@@ -422,13 +433,7 @@ async fn an_origin_restored_from_a_backup_is_mirrored_as_restored() {
 #[tokio::test]
 async fn a_full_peer_backs_off_instead_of_spinning_and_recovers_after_disarm() {
     logs();
-    let (origin, peer) = tokio::try_join!(
-        EtcdServer::start("a"),
-        EtcdServer::start_with("b", EtcdFlavor::from_env(), &["--quota-backend-bytes", "16777216"])
-    )
-    .unwrap();
-    let mut o = connect(&[origin.endpoint()], None).await;
-    write_keys(&mut o, "a", 0..100, "v1").await;
+    let (origin, peer, mut o) = origin_and_peer_with(&["--quota-backend-bytes", "16777216"], 100).await;
     let (handle, _e) = start_between(config("w1"), &origin, &peer);
     wait_synced(&handle).await;
 
@@ -825,13 +830,7 @@ async fn a_lease_layout_larger_than_one_request_is_checkpointed_in_parts_and_ado
     // KiB at most (1M keys at the least-privilege cap of 64 a lease make 1.6 MB, past etcd's
     // default 1.5 MiB). The checkpoint must still be written, and grow, and be adopted. Parts of
     // 64 shards (3 KB) let a split rewrite its parts in place within a request.
-    let (origin, peer) = tokio::try_join!(
-        EtcdServer::start("a"),
-        EtcdServer::start_with("b", EtcdFlavor::from_env(), &["--max-request-bytes", "16384"])
-    )
-    .unwrap();
-    let mut o = connect(&[origin.endpoint()], None).await;
-    write_keys(&mut o, "a", 0..1000, "v1").await;
+    let (origin, peer, mut o) = origin_and_peer_with(&["--max-request-bytes", "16384"], 1000).await;
     let mut cfg = config("w1");
     cfg.max_keys_per_lease = 2;
     cfg.max_txn_bytes = 12 << 10;
@@ -863,14 +862,18 @@ async fn a_lease_layout_larger_than_one_request_is_checkpointed_in_parts_and_ado
     let recorded = recorded_leases(&mut p).await;
     cfg.owner_id = "w2".into();
     let (second, mut events) = start_between(cfg, &origin, &peer);
-    wait_synced(&second).await;
-    let mut adopted = None;
-    while let Ok(e) = events.try_recv() {
-        if let MirrorEvent::LeasesAdopted { leases, .. } = e {
-            adopted = Some(leases);
+    let adopted = tokio::time::timeout(DEADLINE, async {
+        while let Some(e) = events.recv().await {
+            if let MirrorEvent::LeasesAdopted { leases, .. } = e {
+                return Some(leases);
+            }
         }
-    }
+        None
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no LeasesAdopted event; health: {:?}", second.health()));
     assert_eq!(adopted, Some(recorded), "the successor adopts every recorded lease");
+    wait_synced(&second).await;
     assert_eq!(second.health().resyncs, 0, "{:?}", second.health());
     write_keys(&mut o, "a", 0..10, "v2").await;
     converged(&o, &p, "a", DEADLINE).await;
