@@ -14,6 +14,7 @@ pub async fn install_crds(client: &kube::Client) -> anyhow::Result<()> {
 pub use aether_harness::ensure_namespace;
 
 pub mod etcd;
+pub mod mirror;
 pub mod operator;
 
 /// A path in the repository.

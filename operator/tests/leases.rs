@@ -1,0 +1,350 @@
+//! The lease promise: a region's copy on a peer lapses only when the region stopped renewing it
+//! for a whole TTL. Partitions shorter than the TTL, a handoff while the origin's etcd is away, a
+//! split cut short, an unreadable checkpoint, a predecessor that changes the records while its
+//! successor takes over, counts across sessions, a deleted peering, and records of another
+//! format: none of them may delete a key whose origin key exists. (Tests that run for minutes,
+//! at the CRD defaults and at scale, are in `lease_soak.rs`.)
+mod support;
+
+use aether_harness::{EtcdServer, FaultProxy, wait_until};
+use aether_operator::keys;
+use aether_operator::mirror::leases::shards::Layout;
+use aether_operator::mirror::{EtcdTarget, MirrorEvent, Phase};
+use etcd_client::{Client, GetOptions, PutOptions, Txn, TxnOp};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use support::etcd::*;
+use support::mirror::*;
+
+async fn origin_and_peer(keys: usize) -> (EtcdServer, EtcdServer, Client, Client) {
+    let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("b")).unwrap();
+    let mut o = connect(&[origin.endpoint()], None).await;
+    write_keys(&mut o, "a", 0..keys, "v1").await;
+    let p = connect(&[peer.endpoint()], None).await;
+    (origin, peer, o, p)
+}
+
+fn plain(server: &EtcdServer) -> EtcdTarget {
+    EtcdTarget::plain([server.endpoint()])
+}
+
+fn through(proxy: &FaultProxy) -> EtcdTarget {
+    EtcdTarget::plain([proxy.endpoint("http")])
+}
+
+async fn key_count(c: &mut Client, prefix: &str) -> i64 {
+    c.get(prefix, Some(GetOptions::new().with_prefix().with_count_only())).await.map(|r| r.count()).unwrap_or(-1)
+}
+
+#[tokio::test]
+async fn partitions_shorter_than_the_ttl_healed_with_reset_connections_delete_nothing() {
+    let (origin, peer, o, p) = origin_and_peer(500).await;
+    let proxy = FaultProxy::start(peer.client_addr()).await.unwrap();
+    let cfg = fast_config("w1");
+    let outage = Duration::from_millis(cfg.lease_ttl_seconds as u64 * 1000 - 1500);
+    let (handle, _events) = start(cfg, plain(&origin), through(&proxy));
+    wait_synced(&handle).await;
+    let deletes = count_peer_deletes(&p, "a").await;
+
+    partition_after_rounds(&handle, &proxy, outage, 3).await;
+    converged(&o, &p, "a", DEADLINE).await;
+    assert_eq!(deletes.load(Ordering::SeqCst), 0, "a partition shorter than the TTL lapsed keys");
+    assert_eq!(handle.health().resyncs, 0, "{:?}", handle.health());
+    handle.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_handoff_while_the_origin_etcd_is_paused_deletes_nothing() {
+    let (origin, peer, o, p) = origin_and_peer(500).await;
+    let cfg = fast_config("w1");
+    let outage = Duration::from_secs(cfg.lease_ttl_seconds as u64 + 2);
+    let (first, _e) = start(cfg, plain(&origin), plain(&peer));
+    wait_synced(&first).await;
+    let deletes = count_peer_deletes(&p, "a").await;
+
+    // The node running the origin's etcd member and the operator's leader is drained: the etcd
+    // is away while the leader hands off.
+    origin.pause();
+    first.shutdown().await;
+    let (second, _e) = start(fast_config("w2"), plain(&origin), plain(&peer));
+    tokio::time::sleep(outage).await; // the origin's outage, longer than the TTL on purpose
+    origin.resume();
+    wait_synced(&second).await;
+    converged(&o, &p, "a", DEADLINE).await;
+    assert_eq!(deletes.load(Ordering::SeqCst), 0, "the successor let the mirror lapse while the origin was away");
+    second.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_split_cut_short_then_a_lower_cap_converges_without_panicking() {
+    let (origin, peer, o, p) = origin_and_peer(2_000).await;
+    let mut cfg = fast_config("w1");
+    cfg.max_keys_per_lease = 1_000;
+    let (first, _e) = start(cfg, plain(&origin), plain(&peer));
+    wait_synced(&first).await;
+    first.shutdown().await;
+    let deletes = count_peer_deletes(&p, "a").await;
+
+    // The cap drops (auth was detected, or a user lowered it); the first worker under the new cap
+    // dies as soon as its first split has recorded a new lease.
+    let mut cfg = fast_config("w2");
+    cfg.max_keys_per_lease = 64;
+    let (second, mut events) = start(cfg.clone(), plain(&origin), plain(&peer));
+    wait_event(&mut events, "a lease granted by a split", |e| matches!(e, MirrorEvent::LeaseGranted { .. })).await;
+    second.abort();
+
+    cfg.owner_id = "w3".into();
+    let (third, _e) = start(cfg, plain(&origin), plain(&peer));
+    wait_placed_under_cap(&p, 64, &third).await;
+    converged(&o, &p, "a", DEADLINE).await;
+    assert!(!third.is_finished(), "the worker is alive: {:?}", third.health());
+    assert_eq!(third.health().resyncs, 0, "splits, not a resync: {:?}", third.health());
+    assert_eq!(deletes.load(Ordering::SeqCst), 0);
+    third.shutdown().await;
+}
+
+/// An endpoint key of about 540 bytes: long, legal cluster and service names.
+fn long_key(i: usize) -> String {
+    format!(
+        "{}clusters/{}-{}/services/{}-{}/protocols/tcp/endpoints/10.0.{}.{}",
+        keys::region_prefix("a"),
+        "c".repeat(220),
+        i % 3,
+        "s".repeat(240),
+        i % 50,
+        i / 250,
+        i % 250
+    )
+}
+
+async fn write_long_keys(o: &mut Client, range: std::ops::Range<usize>) {
+    let all: Vec<usize> = range.collect();
+    for chunk in all.chunks(100) {
+        let ops: Vec<TxnOp> =
+            chunk.iter().map(|i| TxnOp::put(long_key(*i), endpoint_value("a", *i, "v1"), None)).collect();
+        o.txn(Txn::new().and_then(ops)).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_shard_whose_listing_passes_4_mib_splits_without_failing_a_session() {
+    let (origin, peer, mut o, p) = origin_and_peer(0).await;
+    write_long_keys(&mut o, 0..4_000).await;
+    let mut cfg = fast_config("w1");
+    cfg.max_keys_per_lease = 9_000; // one lease for 4,000 keys
+    let (handle, _e) = start(cfg, plain(&origin), plain(&peer));
+    wait_synced(&handle).await;
+    assert_eq!(handle.health().leases, 1, "{:?}", handle.health());
+
+    // 9,100 keys of 540 bytes on one lease: listing it answers about 4.9 MB.
+    write_long_keys(&mut o, 4_000..9_100).await;
+    wait_placed_under_cap(&p, 9_000, &handle).await;
+    converged(&o, &p, "a", DEADLINE).await;
+    let health = handle.health();
+    assert!(health.shard_splits >= 1, "{health:?}");
+    assert_eq!(health.session_failures, 0, "{health:?}");
+    handle.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_unreadable_checkpoint_keeps_the_leases_of_the_peers_keys_through_a_slow_resync() {
+    let (origin, peer, o, mut p) = origin_and_peer(2_000).await;
+    let (first, _e) = start(fast_config("w1"), plain(&origin), plain(&peer));
+    wait_synced(&first).await;
+    first.shutdown().await;
+    p.put(keys::checkpoint_key("a"), "{\"not\": \"a checkpoint\"", None).await.unwrap();
+    let deletes = count_peer_deletes(&p, "a").await;
+
+    // The successor reaches the peer through a thin link: re-putting every key takes longer than
+    // the TTL.
+    let proxy = FaultProxy::start(peer.client_addr()).await.unwrap();
+    proxy.set_bandwidth(Some(60_000));
+    let mut cfg = fast_config("w2");
+    cfg.page_size = 200;
+    let (second, _e) = start(cfg, plain(&origin), through(&proxy));
+    wait_synced(&second).await;
+    proxy.set_bandwidth(None);
+    converged(&o, &p, "a", DEADLINE).await;
+    assert_eq!(deletes.load(Ordering::SeqCst), 0, "keys lapsed before the resync re-put them");
+    assert!(second.health().resyncs + 1 >= 1);
+    second.shutdown().await;
+}
+
+/// The TTL the peer reports for `lease` now.
+async fn ttl_of(p: &mut Client, lease: i64) -> i64 {
+    p.lease_time_to_live(lease, None).await.map(|r| r.ttl()).unwrap_or(-1)
+}
+
+#[tokio::test]
+async fn a_successor_never_adopts_records_its_predecessor_changed_after_they_were_read() {
+    let (origin, peer, o, mut p) = origin_and_peer(2_000).await;
+    let mut cfg = fast_config("w1");
+    cfg.max_keys_per_lease = 10; // 512 leases: checking them across distance takes a while
+    let (first, _e) = start(cfg.clone(), plain(&origin), plain(&peer));
+    wait_synced(&first).await;
+    first.shutdown().await;
+    let recorded = checkpoint(&mut p, "a").await.expect("a checkpoint");
+    let watched = recorded.leases[0];
+    let full = cfg.lease_ttl_seconds;
+    // The predecessor's last renewal ages, so that the successor's first one shows.
+    wait_until("the predecessor's renewal ages", DEADLINE, || {
+        let mut p = p.clone();
+        async move { Ok(ttl_of(&mut p, watched).await < full - 1) }
+    })
+    .await
+    .unwrap();
+    let deletes = count_peer_deletes(&p, "a").await;
+
+    let proxy = FaultProxy::start(peer.client_addr()).await.unwrap();
+    proxy.set_rtt(Duration::from_millis(200));
+    cfg.owner_id = "w2".into();
+    let (second, _e) = start(cfg.clone(), plain(&origin), through(&proxy));
+    // The successor has read the records once it renews them.
+    wait_until("the successor renews the recorded leases", DEADLINE, || {
+        let mut p = p.clone();
+        async move { Ok(ttl_of(&mut p, watched).await >= full - 1) }
+    })
+    .await
+    .unwrap();
+    // Meanwhile the predecessor, still running, splits a shard: a new lease, recorded, and some of
+    // the shard's keys moved onto it. It then sees its successor and stops renewing.
+    let lease = p.lease_grant(full, None).await.unwrap().id();
+    let mut layout = Layout::recorded(&recorded.slots, recorded.leases.len());
+    let new_shard = layout.split(1);
+    let moved: Vec<(Vec<u8>, Vec<u8>)> = subtree(&mut p, &keys::region_prefix("a"))
+        .await
+        .into_iter()
+        .filter(|(k, _)| layout.shard_of(k) == new_shard)
+        .map(|(k, (v, _))| (k, v))
+        .collect();
+    let mut changed = recorded.clone();
+    changed.leases.push(lease);
+    changed.slots = layout.slots().to_vec();
+    changed.keys[1] -= moved.len() as i64;
+    changed.keys.push(moved.len() as i64);
+    let mut ops: Vec<TxnOp> = vec![TxnOp::put(keys::checkpoint_key("a"), changed.encode(), None)];
+    ops.extend(moved.iter().map(|(k, v)| TxnOp::put(k.clone(), v.clone(), Some(PutOptions::new().with_lease(lease)))));
+    p.txn(Txn::new().and_then(ops)).await.unwrap();
+    assert!(!moved.is_empty());
+
+    wait_synced(&second).await;
+    // Outlive the predecessor's lease: only the successor can keep it alive now.
+    tokio::time::sleep(Duration::from_secs(full as u64 + 2)).await; // one TTL and a margin, on purpose
+    assert_eq!(
+        deletes.load(Ordering::SeqCst),
+        0,
+        "keys on the lease the predecessor recorded lapsed: the successor never kept it alive"
+    );
+    converged(&o, &p, "a", DEADLINE).await;
+    second.shutdown().await;
+}
+
+#[tokio::test]
+async fn shard_counts_survive_sessions_so_no_lease_passes_the_cap() {
+    let (origin, peer, mut o, p) = origin_and_peer(60).await;
+    let origin_proxy = FaultProxy::start(origin.client_addr()).await.unwrap();
+    let mut cfg = fast_config("w1");
+    cfg.max_keys_per_lease = 100; // two shards of about 30 keys
+    let (handle, _e) = start(cfg, through(&origin_proxy), plain(&peer));
+    wait_synced(&handle).await;
+    // Each session adds about 20 keys a shard, then ends.
+    for round in 0..6 {
+        write_keys(&mut o, "a", 60 + round * 40..100 + round * 40, "v1").await;
+        converged(&o, &p, "a", DEADLINE).await;
+        let failures = handle.health().session_failures;
+        origin_proxy.reset_connections();
+        wait_health(&handle, "the session ended", |h| h.session_failures > failures).await;
+        wait_synced(&handle).await;
+    }
+    wait_placed_under_cap(&p, 100, &handle).await;
+    handle.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_deleted_peering_is_not_brought_back_by_a_deposed_worker_standing_by() {
+    let (origin, peer, mut o, mut p) = origin_and_peer(200).await;
+    let cfg = fast_config("deposed");
+    let (deposed, _e) = start(cfg.clone(), plain(&origin), plain(&peer));
+    wait_synced(&deposed).await;
+    let (current, _e) = start(fast_config("current"), plain(&origin), plain(&peer));
+    wait_synced(&current).await;
+    write_keys(&mut o, "a", 0..10, "v2").await;
+    wait_health(&deposed, "the deposed worker stands by", |h| h.phase == Phase::Fenced).await;
+
+    // The RegionPeering is deleted with deletionPolicy Delete: its worker stops, the mirror goes.
+    current.shutdown().await;
+    let retired = aether_operator::mirror::retire::retire(
+        &plain(&peer),
+        "a",
+        aether_operator::mirror::retire::RetirePolicy::Delete,
+    )
+    .await
+    .unwrap();
+    assert!(matches!(retired, aether_operator::mirror::retire::Retired::Deleted { .. }), "{retired:?}");
+    write_keys(&mut o, "a", 0..10, "v3").await;
+    // Longer than the deposed worker's patience and a TTL: it must not take the mirror back.
+    tokio::time::sleep(Duration::from_secs(3 * cfg.lease_ttl_seconds as u64)).await; // the observation window
+    assert_eq!(key_count(&mut p, &keys::region_prefix("a")).await, 0, "health: {:?}", deposed.health());
+    assert_ne!(deposed.health().phase, Phase::Watching, "{:?}", deposed.health());
+    deposed.shutdown().await;
+}
+
+/// The records as the released format wrote them (no format version): the checkpoint, the
+/// progress record and the owner record of a mirror with `leases`, synced at `revision`.
+fn released_format_records(leases: &[i64], counts: &[i64], revision: i64, cluster: u64) -> [(String, String); 3] {
+    let checkpoint = serde_json::json!({
+        "owner": "w1", "revision": revision, "leases": leases, "keys": counts,
+        "synced": true, "retiring": [], "originClusterId": cluster,
+    });
+    let progress = format!(r#"{{"rev":"{revision:020}","owner":"w1","revision":{revision}}}"#);
+    let owner = r#"{"owner":"w1","acquiredAt":"2026-11-01T00:00:00Z","generation":1}"#.to_string();
+    [
+        (keys::checkpoint_key("a"), checkpoint.to_string()),
+        (keys::progress_key("a"), progress),
+        (keys::owner_key("a"), owner),
+    ]
+}
+
+#[tokio::test]
+async fn records_of_the_released_format_are_adopted_without_a_resync() {
+    let (origin, peer, o, mut p) = origin_and_peer(300).await;
+    let (first, _e) = start(fast_config("w1"), plain(&origin), plain(&peer));
+    wait_synced(&first).await;
+    let revision = first.health().last_applied_revision;
+    first.shutdown().await;
+    let cp = checkpoint(&mut p, "a").await.unwrap();
+    for (key, value) in released_format_records(&cp.leases, &cp.keys, revision, cp.origin_cluster_id) {
+        p.put(key, value, None).await.unwrap();
+    }
+    let (second, mut events) = start(fast_config("w2"), plain(&origin), plain(&peer));
+    wait_synced(&second).await;
+    let seen = drain_events(&mut events);
+    assert!(seen.iter().any(|e| matches!(e, MirrorEvent::LeasesAdopted { .. })), "{seen:?}");
+    assert!(!seen.iter().any(|e| matches!(e, MirrorEvent::ResyncStarted { .. })), "{seen:?}");
+    converged(&o, &p, "a", DEADLINE).await;
+    second.shutdown().await;
+}
+
+#[tokio::test]
+async fn records_of_a_newer_format_are_resynced_under_new_leases_and_nothing_lapses() {
+    let (origin, peer, o, mut p) = origin_and_peer(300).await;
+    let (first, _e) = start(fast_config("w1"), plain(&origin), plain(&peer));
+    wait_synced(&first).await;
+    first.shutdown().await;
+    let old = checkpoint(&mut p, "a").await.unwrap();
+    // A later version wrote the checkpoint: same fields, and a format this version does not know.
+    let raw = p.get(keys::checkpoint_key("a"), None).await.unwrap();
+    let mut newer: serde_json::Value = serde_json::from_slice(raw.kvs()[0].value()).unwrap();
+    newer["format"] = serde_json::json!(99);
+    p.put(keys::checkpoint_key("a"), newer.to_string(), None).await.unwrap();
+    let deletes = count_peer_deletes(&p, "a").await;
+
+    let (second, mut events) = start(fast_config("w2"), plain(&origin), plain(&peer));
+    wait_event(&mut events, "a resync", |e| matches!(e, MirrorEvent::ResyncStarted { .. })).await;
+    wait_synced(&second).await;
+    converged(&o, &p, "a", DEADLINE).await;
+    let now = checkpoint(&mut p, "a").await.unwrap();
+    assert!(now.leases.iter().all(|l| !old.leases.contains(l)), "new leases: {:?} vs {:?}", now.leases, old.leases);
+    assert_eq!(deletes.load(Ordering::SeqCst), 0, "nothing lapsed while the resync ran");
+    second.shutdown().await;
+}
