@@ -143,7 +143,7 @@ pub fn checkpoint_key(origin: &str) -> String {
 }
 
 /// Where a checkpoint too large for one request keeps its lease layout, in parts (see
-/// `mirror::checkpoint::plan_write`).
+/// `mirror::records::checkpoint::plan_write`).
 pub fn checkpoint_parts_prefix(origin: &str) -> String {
     format!("{}checkpoint-parts/", federation_prefix(origin))
 }

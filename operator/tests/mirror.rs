@@ -84,7 +84,7 @@ async fn wait_synced(handle: &MirrorHandle) {
 /// The leases a worker's checkpoint names on the peer.
 async fn checkpoint_leases(peer: &mut Client) -> Vec<i64> {
     let resp = peer.get(keys::checkpoint_key("a"), None).await.expect("get checkpoint");
-    let cp = mirror::checkpoint::Checkpoint::decode(resp.kvs()[0].value()).expect("checkpoint decodes");
+    let cp = mirror::records::checkpoint::Checkpoint::decode(resp.kvs()[0].value()).expect("checkpoint decodes");
     cp.leases
 }
 
@@ -596,8 +596,9 @@ async fn a_shard_past_the_cap_splits_online_without_a_resync_and_moves_few_keys(
         let mut p = p.clone();
         async move {
             let resp = p.get(keys::checkpoint_key("a"), None).await?;
-            let cp = mirror::checkpoint::Checkpoint::decode(resp.kvs()[0].value()).expect("checkpoint decodes");
-            let layout = mirror::shards::Layout::recorded(&cp.slots, cp.leases.len());
+            let cp =
+                mirror::records::checkpoint::Checkpoint::decode(resp.kvs()[0].value()).expect("checkpoint decodes");
+            let layout = mirror::leases::shards::Layout::recorded(&cp.slots, cp.leases.len());
             let mut per_lease: HashMap<i64, usize> = HashMap::new();
             let mut misplaced = 0;
             for (key, (_, lease)) in subtree(&mut p, &keys::region_prefix("a")).await {

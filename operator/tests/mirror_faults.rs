@@ -8,8 +8,7 @@ use aether_harness::{ClusterOptions, EtcdCluster, EtcdFlavor, EtcdServer, FaultP
 use aether_operator::keys;
 use aether_operator::mirror::{self, EtcdTarget, MirrorConfig, MirrorEvent, MirrorHandle, Phase};
 use etcd_client::{Client, EventType, Txn, TxnOp, WatchOptions};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use support::etcd::*;
 use tokio::sync::mpsc;
@@ -67,24 +66,6 @@ fn logs() {
         .with_test_writer()
         .with_ansi(false)
         .try_init();
-}
-
-/// Counts deletes of the origin's keys on the peer from now on.
-async fn count_peer_deletes(peer: &Client, region: &str) -> Arc<AtomicUsize> {
-    let deletes = Arc::new(AtomicUsize::new(0));
-    let mut watch_client = peer.watch_client();
-    let mut stream = watch_client
-        .watch(keys::region_prefix(region), Some(WatchOptions::new().with_prefix()))
-        .await
-        .expect("watch the peer");
-    let counter = deletes.clone();
-    tokio::spawn(async move {
-        while let Ok(Some(resp)) = stream.message().await {
-            let n = resp.events().iter().filter(|e| e.event_type() == EventType::Delete).count();
-            counter.fetch_add(n, Ordering::SeqCst);
-        }
-    });
-    deletes
 }
 
 #[tokio::test]
@@ -784,7 +765,7 @@ async fn a_peer_far_away_gets_batches_in_flight_together_and_a_crash_among_them_
         let mut p = p.clone();
         async move {
             let resp = p.get(keys::progress_key("a"), None).await?;
-            let recorded = resp.kvs().first().and_then(|kv| mirror::checkpoint::Progress::decode(kv.value()));
+            let recorded = resp.kvs().first().and_then(|kv| mirror::records::checkpoint::Progress::decode(kv.value()));
             Ok(recorded.is_some_and(|r| r.revision == newest))
         }
     })

@@ -3,7 +3,7 @@
 use crate::api::RegionPeering;
 use crate::controllers::region_peering::resolve_connection;
 use crate::keys;
-use crate::mirror::checkpoint::Checkpoint;
+use crate::mirror::records::checkpoint::Checkpoint;
 use etcd_client::GetOptions;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};

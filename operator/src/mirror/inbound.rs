@@ -34,7 +34,7 @@ pub async fn observe(local: &mut Client, own_region: &str, expected: &[String]) 
     for origin in origins {
         let count =
             local.get(keys::region_prefix(&origin), Some(GetOptions::new().with_prefix().with_count_only())).await?;
-        let checkpoint = super::records::read_checkpoint(local, &origin).await?;
+        let checkpoint = crate::mirror::records::store::read_checkpoint(local, &origin).await?;
         let synced = local.get(keys::canary_key(&origin), Some(GetOptions::new().with_count_only())).await?.count() > 0;
         let mut ttl: Option<i64> = None;
         // A few leases tell the story; every shard shares the same keepalive.

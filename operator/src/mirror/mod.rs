@@ -1,118 +1,43 @@
 //! The data plane: one worker per (origin region, peer region) pair mirrors the origin's subtree
 //! into the peer's etcd under origin-heartbeat leases. No Kubernetes in here.
 //!
-//! - [`plan`]: the paged sync diff, page sizing and the packing of revisions into Txns (pure).
-//! - [`shards`]: which lease a key is attached to (pure).
-//! - [`checkpoint`]: the lease layout, progress and owner records kept on the peer (pure);
-//!   [`records`] reads and writes them.
-//! - [`resume`]: how a session resumes from what the peer records and the origin says (pure).
-//! - [`target`]: reaching an etcd cluster with a member down.
-//! - [`verify`]: continuous verification of the peer's copy, page by page (pure).
-//! - [`worker`]: the worker's life: sessions, backoff, standing by when fenced; it drives
-//!   `session` (ownership, fencing, adoption), `sync` (the full sync), `watch` (watch and apply)
-//!   and `keepalive` (the origin-heartbeat leases).
-//! - [`retire`]: what deleting a RegionPeering does on each peer (lapse or delete).
-//! - [`inbound`]: what other regions mirror into the local etcd, read-only.
-//! - [`health`], [`detector`], [`backoff`]: what a worker reports and how it waits.
+//! Read it top-down; each layer imports only the layers below it:
+//!
+//! 1. [`worker`]: the worker's life across sessions: backoff, standing by when fenced.
+//! 2. [`session`]: one session: the peer's records first, their leases kept alive, then the
+//!    origin, ownership (the fencing epoch) and where to resume.
+//! 3. [`streams`]: what a session runs: the full sync, the watch, online shard splits and
+//!    continuous verification, every write through one fenced Txn (`streams::apply`).
+//! 4. `context`: the worker's context and the state it keeps across sessions.
+//! 5. [`leases`]: the origin-heartbeat leases: the keeper that renews them and the shard layout
+//!    that places keys on them. [`records`]: what a worker keeps on the peer (owner, checkpoint,
+//!    progress): their formats and plans (pure), reading and writing them, and how a session
+//!    resumes from them (pure).
+//! 6. Pure decisions and small parts: [`plan`] (the sync diff, batching, Txn packing), [`verify`],
+//!    [`health`], [`detector`], [`backoff`], and [`target`] (reaching an etcd with a member down).
+//! 7. `shared`: what a worker's parts share while it runs (health, events, the detector).
+//!
+//! Beside the worker, for the controllers: [`retire`] (what deleting a RegionPeering does on each
+//! peer) and [`inbound`] (what other regions mirror into the local etcd, read-only).
 
 pub mod backoff;
-pub mod checkpoint;
+mod config;
+mod context;
 pub mod detector;
 pub mod health;
 pub mod inbound;
-mod keepalive;
+pub mod leases;
 pub mod plan;
 pub mod records;
-pub mod resume;
 pub mod retire;
 mod session;
-pub mod shards;
-
-mod split;
-mod sync;
+mod shared;
+mod streams;
 pub mod target;
 pub mod verify;
-mod watch;
 pub mod worker;
 
+pub use config::MirrorConfig;
 pub use health::{MirrorEvent, PeerHealth, Phase, ResyncCause};
 pub use target::EtcdTarget;
 pub use worker::{MirrorHandle, spawn};
-
-use std::time::Duration;
-
-/// Settings of one worker.
-#[derive(Clone, Debug)]
-pub struct MirrorConfig {
-    /// The region whose subtree is mirrored.
-    pub origin: String,
-    /// The region mirrored into.
-    pub peer: String,
-    /// This worker instance, unique across restarts and replicas (it is the fencing identity).
-    pub owner_id: String,
-    pub lease_ttl_seconds: i64,
-    pub keepalive_interval: Duration,
-    pub max_keys_per_lease: u64,
-    pub page_size: i64,
-    pub max_txn_ops: usize,
-    pub max_txn_bytes: usize,
-    /// The peer's `--max-request-bytes`: a value that cannot fit in a request under it is
-    /// reported and left out instead of being retried forever.
-    pub max_request_bytes: usize,
-    /// Bytes a sync range page aims for (pages shrink when values are large).
-    pub page_bytes: usize,
-    /// Batch Txns in flight at once during a sync (keys of one sync are distinct).
-    pub sync_parallelism: usize,
-    /// Ops received but not applied before the worker stops reading the watch.
-    pub max_pending_ops: usize,
-    /// Bytes received but not applied before the worker stops reading the watch.
-    pub max_pending_bytes: usize,
-    pub backoff_base: Duration,
-    pub backoff_cap: Duration,
-    /// The failure detector's acceptable pause.
-    pub acceptable_pause: Duration,
-    /// Deadline of each etcd request.
-    pub rpc_timeout: Duration,
-    /// How often the worker asks for watch progress, so an idle subtree still advances.
-    pub progress_interval: Duration,
-    /// How often one page of the peer's copy is compared with the origin (zero: never).
-    pub verify_interval: Duration,
-    /// Keys per verification page.
-    pub verify_page_size: i64,
-    /// How long a far peer's batch that is not full waits for more revisions while others are in
-    /// flight (see `plan::watch_linger`).
-    pub watch_linger: Duration,
-    /// Shards per part of a checkpoint too large to be one record (`checkpoint::SHARDS_PER_PART`).
-    pub checkpoint_shards_per_part: usize,
-}
-
-impl MirrorConfig {
-    /// Defaults that match the CRD's.
-    pub fn new(origin: &str, peer: &str, owner_id: &str) -> Self {
-        MirrorConfig {
-            origin: origin.to_string(),
-            peer: peer.to_string(),
-            owner_id: owner_id.to_string(),
-            lease_ttl_seconds: 30,
-            keepalive_interval: Duration::from_secs(10),
-            max_keys_per_lease: 1_000,
-            page_size: 1000,
-            max_txn_ops: 128,
-            max_txn_bytes: 1 << 20,
-            max_request_bytes: 1_572_864,
-            page_bytes: 8 << 20,
-            sync_parallelism: 4,
-            max_pending_ops: 200_000,
-            max_pending_bytes: 64 << 20,
-            backoff_base: Duration::from_millis(200),
-            backoff_cap: Duration::from_secs(30),
-            acceptable_pause: Duration::from_secs(10),
-            rpc_timeout: Duration::from_secs(10),
-            progress_interval: Duration::from_secs(2),
-            verify_interval: Duration::from_secs(5),
-            verify_page_size: 1000,
-            watch_linger: plan::WATCH_LINGER,
-            checkpoint_shards_per_part: checkpoint::SHARDS_PER_PART,
-        }
-    }
-}

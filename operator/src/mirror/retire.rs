@@ -6,9 +6,9 @@
 //!   attached to one of the mirror's leases, so they lapse with the mirrored keys within the TTL
 //!   instead of staying on the peer forever.
 //! - `Delete`: the mirrored subtree and the bookkeeping are deleted at once.
-use super::EtcdTarget;
-use super::checkpoint::Checkpoint;
 use crate::keys;
+use crate::mirror::EtcdTarget;
+use crate::mirror::records::checkpoint::Checkpoint;
 use anyhow::Context;
 use etcd_client::{Compare, CompareOp, DeleteOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
 
@@ -60,10 +60,14 @@ pub async fn retire(peer: &EtcdTarget, origin: &str, policy: RetirePolicy) -> an
         RetirePolicy::Lapse => {
             let checkpoint = checkpoint.as_ref().and_then(|(_, v)| Checkpoint::decode(v));
             let revision = read.header().map_or(0, |h| h.revision());
-            let (checkpoint, _) =
-                super::records::complete(&mut super::target::kv(&client), origin, checkpoint, revision)
-                    .await
-                    .context("reading the checkpoint's parts")?;
+            let (checkpoint, _) = crate::mirror::records::store::complete(
+                &mut crate::mirror::target::kv(&client),
+                origin,
+                checkpoint,
+                revision,
+            )
+            .await
+            .context("reading the checkpoint's parts")?;
             let leases = checkpoint.map(|c| c.leases).unwrap_or_default();
             let mut alive = None;
             for id in leases.into_iter().filter(|id| *id != 0) {

@@ -1,44 +1,25 @@
 //! One session of a worker: connect, read the peer's records, decide ownership and where to
 //! resume (`resume.rs`), keep the recorded leases alive before checking them, take a new fencing
 //! epoch, then sync and watch. Also the fenced batch Txn every write of the mirror goes through.
-use super::checkpoint::{Checkpoint, Owner, Progress};
-use super::health::{MirrorEvent, Phase, ResyncCause};
-use super::keepalive::KeeperSignal;
-use super::keepalive::is_lease_not_found;
-use super::plan::MirrorOp;
-use super::resume::{OriginStatus, OwnerDecision, OwnerRecord, Ownership, decide_ownership, decide_resume};
-use super::worker::{SessionEnd, State, Worker};
 use crate::keys;
+use crate::mirror::context::{State, Worker};
+use crate::mirror::health::{MirrorEvent, Phase, ResyncCause};
+use crate::mirror::leases::keeper::{KeeperSignal, leases_alive};
+use crate::mirror::records::checkpoint::Owner;
+use crate::mirror::records::resume::{
+    OriginStatus, OwnerDecision, OwnerRecord, Ownership, decide_ownership, decide_resume,
+};
+use crate::mirror::records::store::{Records, read_records};
+use crate::mirror::streams::watch::WatchEnd;
 use anyhow::{Context, anyhow};
-use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
-use futures::StreamExt;
-use std::future::Future;
+use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
-/// Lease checks in flight at once when a session starts.
-const LEASE_CHECKS_IN_FLIGHT: usize = 64;
-
-/// The peer's records for this origin, read together in one Txn.
-pub(super) struct Records {
-    pub owner: Option<OwnerRecord>,
-    pub checkpoint: Option<Checkpoint>,
-    /// How the peer stores the checkpoint (whole or in parts).
-    pub stored: super::checkpoint::Stored,
-    pub progress: Option<Progress>,
-}
-
-/// The outcome of one batch Txn.
-pub(super) enum Applied {
-    Yes,
-    Fenced(String),
-}
-
-/// How a watch ended without an error.
-pub(super) enum WatchEnd {
+/// How a session ended without an error.
+pub(super) enum SessionEnd {
     Shutdown,
     Fenced(String),
-    Resync(ResyncCause),
 }
 
 impl Worker {
@@ -47,7 +28,7 @@ impl Worker {
         state: &mut State,
         lost_tx: &mpsc::Sender<KeeperSignal>,
         lost_rx: &mut mpsc::Receiver<KeeperSignal>,
-        backoff: &mut super::backoff::Backoff,
+        backoff: &mut crate::mirror::backoff::Backoff,
     ) -> anyhow::Result<SessionEnd> {
         self.shared.phase(Phase::Connecting);
         let (mut local, mut peer) =
@@ -56,7 +37,7 @@ impl Worker {
             },)?;
         let origin = self.origin_status(&mut local).await?;
         state.auth_binds = self.auth_binds(&peer).await?;
-        state.lease_cap = super::plan::lease_cap(self.config.max_keys_per_lease, state.auth_binds);
+        state.lease_cap = crate::mirror::plan::lease_cap(self.config.max_keys_per_lease, state.auth_binds);
         let records = self.read_records(&peer).await?;
         state.stored_checkpoint = records.stored.clone();
         let first_session = state.ownership.epoch.is_none();
@@ -75,8 +56,8 @@ impl Worker {
         state.leases = recorded.leases.clone();
         state.retiring = recorded.retiring.clone();
         self.ensure_keeper(state, lost_tx);
-        let alive = self.leases_alive(&peer, &recorded.leases).await?;
-        let retiring_alive = self.leases_alive(&peer, &recorded.retiring).await?;
+        let alive = leases_alive(&peer, &recorded.leases, self.config.rpc_timeout).await?;
+        let retiring_alive = leases_alive(&peer, &recorded.retiring, self.config.rpc_timeout).await?;
         let resume = decide_resume(
             records.checkpoint.as_ref(),
             records.progress.as_ref(),
@@ -95,7 +76,7 @@ impl Worker {
 
         let epoch = self.acquire(&peer, records.owner.as_ref(), generation, resume.applied).await?;
         state.ownership = Ownership { epoch: Some(epoch), generation, take_over: false };
-        state.layout = super::shards::Layout::recorded(&resume.slots, resume.leases.len());
+        state.layout = crate::mirror::leases::shards::Layout::recorded(&resume.slots, resume.leases.len());
         state.leases = resume.leases;
         state.keys = resume.keys;
         state.recorded_keys = state.keys.clone();
@@ -159,7 +140,7 @@ impl Worker {
         let probe = "/aether/v1/auth-probe";
         let never = Compare::version(probe, CompareOp::Less, 0);
         let txn = Txn::new().when([never]).and_then([TxnOp::put(probe, "", None)]);
-        match tokio::time::timeout(self.config.rpc_timeout, super::target::kv(peer).txn(txn)).await {
+        match tokio::time::timeout(self.config.rpc_timeout, crate::mirror::target::kv(peer).txn(txn)).await {
             Ok(Err(e)) if e.to_string().contains("permission denied") => {
                 info!("auth binds this user on the peer: lease shards stay small and a sync fills each lease at once");
                 Ok(true)
@@ -175,55 +156,6 @@ impl Worker {
         let status = self.rpc("origin status", local.status()).await?;
         let header = status.header().ok_or_else(|| anyhow!("status response without header"))?;
         Ok(OriginStatus { cluster_id: header.cluster_id(), revision: header.revision() })
-    }
-
-    /// The owner, checkpoint and progress records, read at one revision.
-    pub(super) async fn read_records(&self, peer: &Client) -> anyhow::Result<Records> {
-        let origin = &self.config.origin;
-        let txn = Txn::new().and_then([
-            TxnOp::get(keys::owner_key(origin), None),
-            TxnOp::get(keys::checkpoint_key(origin), None),
-            TxnOp::get(keys::progress_key(origin), None),
-        ]);
-        let mut kv = super::target::kv(peer);
-        let resp = self.rpc("read the mirror's records", kv.txn(txn)).await?;
-        let revision = resp.header().map_or(0, |h| h.revision());
-        let mut gets = resp.op_responses().into_iter().map(|r| match r {
-            TxnOpResponse::Get(get) => get.kvs().first().map(|kv| (kv.mod_revision(), kv.value().to_vec())),
-            _ => None,
-        });
-        let (owner, checkpoint, progress) = (gets.next().flatten(), gets.next().flatten(), gets.next().flatten());
-        let header = checkpoint.and_then(|(_, v)| Checkpoint::decode(&v));
-        let (checkpoint, stored) = self
-            .rpc("read the checkpoint's parts", super::records::complete(&mut kv, origin, header, revision))
-            .await?;
-        Ok(Records {
-            owner: owner.map(|(mod_revision, value)| OwnerRecord { mod_revision, owner: Owner::decode(&value) }),
-            checkpoint,
-            stored,
-            progress: progress.and_then(|(_, v)| Progress::decode(&v)),
-        })
-    }
-
-    /// Whether each lease is alive, checked in parallel (0 is never alive).
-    pub(super) async fn leases_alive(&self, peer: &Client, ids: &[i64]) -> anyhow::Result<Vec<bool>> {
-        let checks = futures::stream::iter(ids.iter().copied())
-            .map(|id| {
-                let mut peer = peer.clone();
-                async move {
-                    if id == 0 {
-                        return Ok(false);
-                    }
-                    match tokio::time::timeout(self.config.rpc_timeout, peer.lease_time_to_live(id, None)).await {
-                        Err(_) => Err(anyhow!("lease time-to-live: timed out after {:?}", self.config.rpc_timeout)),
-                        Ok(Ok(resp)) => Ok(resp.ttl() > 0),
-                        Ok(Err(e)) if is_lease_not_found(&e) => Ok(false),
-                        Ok(Err(e)) => Err(anyhow!(e).context("lease time-to-live")),
-                    }
-                }
-            })
-            .buffered(LEASE_CHECKS_IN_FLIGHT);
-        checks.collect::<Vec<_>>().await.into_iter().collect()
     }
 
     /// Writes the owner record (a new epoch: its mod revision) and the progress record under this
@@ -248,109 +180,15 @@ impl Worker {
         let txn = Txn::new()
             .when([compare])
             .and_then([TxnOp::put(key.as_str(), serde_json::to_vec(&owner)?, None), self.progress_op(applied)]);
-        let resp = self.rpc("take ownership", super::target::kv(peer).txn(txn)).await?;
+        let resp = self.rpc("take ownership", crate::mirror::target::kv(peer).txn(txn)).await?;
         if !resp.succeeded() {
             anyhow::bail!("another worker changed the owner of this mirror while this one took over; retrying");
         }
         resp.header().map(|h| h.revision()).ok_or_else(|| anyhow!("txn response without header"))
     }
 
-    /// The progress record raised to `revision`, never lowered: a nested Txn that writes it only
-    /// over a lower record (or none). Watch batches in flight together may land in any order;
-    /// each carries a revision the peer held completely when it was sent.
-    pub(super) fn raise_progress_op(&self, revision: i64) -> TxnOp {
-        let key = keys::progress_key(&self.config.origin);
-        let value = self.progress_value(revision);
-        let put = || TxnOp::put(key.as_str(), value.clone(), None);
-        let absent = Txn::new().when([Compare::version(key.as_str(), CompareOp::Equal, 0)]).and_then([put()]);
-        TxnOp::txn(
-            Txn::new()
-                .when([Compare::value(key.as_str(), CompareOp::Less, value.clone())])
-                .and_then([put()])
-                .or_else([TxnOp::txn(absent)]),
-        )
+    /// The peer's records for this origin, within the RPC deadline.
+    pub(super) async fn read_records(&self, peer: &Client) -> anyhow::Result<Records> {
+        self.rpc("read the mirror's records", read_records(peer, &self.config.origin)).await
     }
-
-    /// One batch Txn: `ops` (each put on its shard's lease) and `bookkeeping`, applied only while
-    /// the owner key still has this session's epoch, so that neither a deposed worker nor a late
-    /// Txn of this worker's own earlier session can interleave with the current writer.
-    pub(super) fn apply(
-        &self,
-        peer: &Client,
-        epoch: i64,
-        ops: Vec<MirrorOp>,
-        leases: &[i64],
-        bookkeeping: Vec<TxnOp>,
-    ) -> impl Future<Output = anyhow::Result<Applied>> + Send + 'static {
-        let owner_key = keys::owner_key(&self.config.origin);
-        let mut txn_ops: Vec<TxnOp> = ops
-            .into_iter()
-            .map(|op| match op {
-                MirrorOp::Put { key, value, shard } => {
-                    TxnOp::put(key, value, Some(PutOptions::new().with_lease(leases[shard])))
-                }
-                MirrorOp::Delete { key } => TxnOp::delete(key, None),
-            })
-            .collect();
-        txn_ops.extend(bookkeeping);
-        let fence = Compare::mod_revision(owner_key.as_str(), CompareOp::Equal, epoch);
-        let txn = Txn::new().when([fence]).and_then(txn_ops).or_else([TxnOp::get(owner_key.as_str(), None)]);
-        let timeout = self.config.rpc_timeout;
-        let shared = self.shared.clone();
-        let mut kv = super::target::kv(peer);
-        async move {
-            let resp = match tokio::time::timeout(timeout, kv.txn(txn)).await {
-                Err(_) => anyhow::bail!("peer txn: timed out after {timeout:?}"),
-                Ok(r) => r.context("peer txn")?,
-            };
-            shared.detector_success();
-            if resp.succeeded() {
-                return Ok(Applied::Yes);
-            }
-            Ok(Applied::Fenced(owner_of(&resp).1))
-        }
-    }
-}
-
-impl Worker {
-    /// Writes a checkpoint as planned: the Txns that come first (parts under a new id), then the
-    /// commit with `bookkeeping`; each fenced like every batch. Stops at the first fenced one.
-    pub(super) fn apply_checkpoint(
-        &self,
-        peer: &Client,
-        epoch: i64,
-        write: super::checkpoint::CheckpointWrite,
-        mut bookkeeping: Vec<TxnOp>,
-    ) -> impl Future<Output = anyhow::Result<Applied>> + Send + 'static {
-        let before: Vec<_> = write
-            .before
-            .into_iter()
-            .map(|txn| self.apply(peer, epoch, Vec::new(), &[], super::records::txn_ops(txn)))
-            .collect();
-        bookkeeping.extend(super::records::txn_ops(write.commit));
-        let commit = self.apply(peer, epoch, Vec::new(), &[], bookkeeping);
-        async move {
-            for txn in before {
-                if let Applied::Fenced(by) = txn.await? {
-                    return Ok(Applied::Fenced(by));
-                }
-            }
-            commit.await
-        }
-    }
-}
-
-/// The owner record's mod revision and owner from a fenced Txn's failure branch (revision 0
-/// when the owner key is gone).
-pub(super) fn owner_of(resp: &etcd_client::TxnResponse) -> (i64, String) {
-    resp.op_responses()
-        .into_iter()
-        .find_map(|r| match r {
-            TxnOpResponse::Get(get) => get.kvs().first().map(|kv| {
-                let owner = Owner::decode(kv.value()).map_or_else(|| "unknown".to_string(), |o| o.owner);
-                (kv.mod_revision(), owner)
-            }),
-            _ => None,
-        })
-        .unwrap_or_else(|| (0, "nobody (the owner key was deleted)".to_string()))
 }

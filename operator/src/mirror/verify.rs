@@ -5,7 +5,7 @@
 //!
 //! A page is compared only while no batch is in flight, so the peer holds exactly the origin's
 //! subtree at the applied revision; the origin side is read pinned at that revision.
-use super::plan::{Kv, MirrorOp, merge_step};
+use crate::mirror::plan::{Kv, MirrorOp, merge_step};
 use std::collections::{BTreeMap, VecDeque};
 
 /// Where the walk is, and what the current pass found.

@@ -2,9 +2,11 @@
 //! subtree, and the checks every fault scenario ends with.
 use aether_harness::EtcdCluster;
 use aether_operator::keys;
-use aether_operator::mirror::checkpoint::Checkpoint;
-use etcd_client::{Client, ConnectOptions, GetOptions, Txn, TxnOp};
+use aether_operator::mirror::records::checkpoint::Checkpoint;
+use etcd_client::{Client, ConnectOptions, EventType, GetOptions, Txn, TxnOp, WatchOptions};
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 pub async fn connect(endpoints: &[String], options: Option<ConnectOptions>) -> Client {
@@ -161,4 +163,22 @@ pub fn tls_for(cluster: &EtcdCluster, user: &str) -> etcd_client::TlsOptions {
             std::fs::read(&cert.key).expect("key"),
         ),
     )
+}
+
+/// Counts deletes of the origin's keys on the peer from now on.
+pub async fn count_peer_deletes(peer: &Client, region: &str) -> Arc<AtomicUsize> {
+    let deletes = Arc::new(AtomicUsize::new(0));
+    let mut watch_client = peer.watch_client();
+    let mut stream = watch_client
+        .watch(keys::region_prefix(region), Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("watch the peer");
+    let counter = deletes.clone();
+    tokio::spawn(async move {
+        while let Ok(Some(resp)) = stream.message().await {
+            let n = resp.events().iter().filter(|e| e.event_type() == EventType::Delete).count();
+            counter.fetch_add(n, Ordering::SeqCst);
+        }
+    });
+    deletes
 }

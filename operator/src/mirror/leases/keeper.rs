@@ -1,9 +1,11 @@
 //! The origin-heartbeat: a task that keeps every lease of the mirror alive on the peer at the
 //! keepalive interval, feeds the failure detector and the health, and reports leases that are
 //! gone. Dropping it stops the keepalives; nothing is ever revoked.
-use super::worker::Shared;
-use super::{EtcdTarget, MirrorConfig};
+use crate::mirror::shared::Shared;
+use crate::mirror::{EtcdTarget, MirrorConfig};
+use anyhow::anyhow;
 use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
+use futures::StreamExt;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -38,7 +40,7 @@ impl Drop for Keeper {
 impl Keeper {
     /// Starts keeping `leases` alive. A lease found gone is sent on `lost` once, unless it is
     /// one of `retiring` (an earlier layout's lease, expected to empty and lapse).
-    pub fn spawn(
+    pub(in crate::mirror) fn spawn(
         peer: EtcdTarget,
         mut leases: Vec<i64>,
         config: MirrorConfig,
@@ -224,4 +226,28 @@ async fn keep_alive_round(
 
 fn cluster_of(resp: &etcd_client::LeaseKeepAliveResponse) -> u64 {
     resp.header().map_or(0, |h| h.cluster_id())
+}
+
+/// Lease checks in flight at once.
+const LEASE_CHECKS_IN_FLIGHT: usize = 64;
+
+/// Whether each lease is alive, checked in parallel (0 is never alive).
+pub async fn leases_alive(peer: &Client, ids: &[i64], timeout: Duration) -> anyhow::Result<Vec<bool>> {
+    let checks = futures::stream::iter(ids.iter().copied())
+        .map(|id| {
+            let mut peer = peer.clone();
+            async move {
+                if id == 0 {
+                    return Ok(false);
+                }
+                match tokio::time::timeout(timeout, peer.lease_time_to_live(id, None)).await {
+                    Err(_) => Err(anyhow!("lease time-to-live: timed out after {:?}", timeout)),
+                    Ok(Ok(resp)) => Ok(resp.ttl() > 0),
+                    Ok(Err(e)) if is_lease_not_found(&e) => Ok(false),
+                    Ok(Err(e)) => Err(anyhow!(e).context("lease time-to-live")),
+                }
+            }
+        })
+        .buffered(LEASE_CHECKS_IN_FLIGHT);
+    checks.collect::<Vec<_>>().await.into_iter().collect()
 }

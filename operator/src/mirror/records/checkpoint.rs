@@ -11,8 +11,8 @@
 //! A layout of more than [`SHARDS_PER_PART`] shards is kept in parts beside the checkpoint record
 //! ([`plan_write`]): at the least-privilege cap of 64 keys a lease, 1M keys make 32,768 shards and
 //! 1.6 MB of layout, past etcd's default 1.5 MiB request, and every split would rewrite all of it.
-use super::shards::Slot;
 use crate::keys;
+use crate::mirror::leases::shards::Slot;
 use serde::{Deserialize, Serialize};
 use std::hash::{Hash, Hasher};
 
@@ -28,7 +28,7 @@ pub struct Checkpoint {
     /// Each shard's share of the key space once shards were split (aligned with `leases`);
     /// empty for a uniform layout, where a key's shard is its hash modulo `leases.len()`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub slots: Vec<super::shards::Slot>,
+    pub slots: Vec<crate::mirror::leases::shards::Slot>,
     /// Keys on each shard's lease.
     pub keys: Vec<i64>,
     /// Whether the peer held a complete snapshot at `revision`.
@@ -366,8 +366,8 @@ mod tests {
         assert!(!String::from_utf8(c.encode()).unwrap().contains("slots"), "a uniform layout records no slots");
         let split = Checkpoint {
             slots: vec![
-                super::super::shards::Slot { depth: 1, index: 0 },
-                super::super::shards::Slot { depth: 1, index: 1 },
+                crate::mirror::leases::shards::Slot { depth: 1, index: 0 },
+                crate::mirror::leases::shards::Slot { depth: 1, index: 1 },
             ],
             ..c.clone()
         };
@@ -407,7 +407,7 @@ mod tests {
 
     /// A synced layout of `shards` shards, then the given shards split.
     fn layout(shards: usize, splits: &[usize]) -> Checkpoint {
-        let mut layout = super::super::shards::Layout::uniform(shards);
+        let mut layout = crate::mirror::leases::shards::Layout::uniform(shards);
         let mut leases: Vec<i64> = (0..shards as i64).map(|i| 7_587_890_000_000_000_000 + i).collect();
         for shard in splits {
             layout.split(*shard);

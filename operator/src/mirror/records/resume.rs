@@ -2,8 +2,8 @@
 //! it resumes. Every session decides both afresh from what the peer records and what the origin
 //! says now, never from memory alone: a peer restored from a backup, an origin restored or
 //! replaced, or a successor that came and went are all seen this way.
-use super::checkpoint::{Checkpoint, Owner, Progress};
-use super::health::ResyncCause;
+use crate::mirror::health::ResyncCause;
+use crate::mirror::records::checkpoint::{Checkpoint, Owner, Progress};
 
 /// The owner record as read from the peer: its mod revision and its decoded value (None when the
 /// value is not an owner record).
@@ -70,7 +70,7 @@ pub struct Resume {
     /// One lease per shard, 0 where the recorded lease is gone (empty: no layout yet).
     pub leases: Vec<i64>,
     /// The recorded split layout (empty: uniform).
-    pub slots: Vec<super::shards::Slot>,
+    pub slots: Vec<crate::mirror::leases::shards::Slot>,
     pub keys: Vec<i64>,
     /// Leases of an earlier layout that are still alive and may hold keys.
     pub retiring: Vec<i64>,

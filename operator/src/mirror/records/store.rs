@@ -1,13 +1,48 @@
 //! Reading and writing the checkpoint on a peer, whole or in parts (the plan is
 //! `checkpoint::plan_write`; this is its thin IO).
-use super::checkpoint::{Checkpoint, RecordOp, Stored};
 use crate::keys;
+use crate::mirror::records::checkpoint::{Checkpoint, Owner, Progress, RecordOp, Stored};
+use crate::mirror::records::resume::OwnerRecord;
 use anyhow::Context;
-use etcd_client::{Client, DeleteOptions, GetOptions, KvClient, TxnOp};
+use etcd_client::{Client, DeleteOptions, GetOptions, KvClient, Txn, TxnOp, TxnOpResponse};
+
+/// The peer's records for this origin, read together in one Txn.
+pub struct Records {
+    pub owner: Option<OwnerRecord>,
+    pub checkpoint: Option<Checkpoint>,
+    /// How the peer stores the checkpoint (whole or in parts).
+    pub stored: Stored,
+    pub progress: Option<Progress>,
+}
+
+/// The owner, checkpoint and progress records, read at one revision.
+pub async fn read_records(peer: &Client, origin: &str) -> Result<Records, etcd_client::Error> {
+    let txn = Txn::new().and_then([
+        TxnOp::get(keys::owner_key(origin), None),
+        TxnOp::get(keys::checkpoint_key(origin), None),
+        TxnOp::get(keys::progress_key(origin), None),
+    ]);
+    let mut kv = crate::mirror::target::kv(peer);
+    let resp = kv.txn(txn).await?;
+    let revision = resp.header().map_or(0, |h| h.revision());
+    let mut gets = resp.op_responses().into_iter().map(|r| match r {
+        TxnOpResponse::Get(get) => get.kvs().first().map(|kv| (kv.mod_revision(), kv.value().to_vec())),
+        _ => None,
+    });
+    let (owner, checkpoint, progress) = (gets.next().flatten(), gets.next().flatten(), gets.next().flatten());
+    let header = checkpoint.and_then(|(_, v)| Checkpoint::decode(&v));
+    let (checkpoint, stored) = complete(&mut kv, origin, header, revision).await?;
+    Ok(Records {
+        owner: owner.map(|(mod_revision, value)| OwnerRecord { mod_revision, owner: Owner::decode(&value) }),
+        checkpoint,
+        stored,
+        progress: progress.and_then(|(_, v)| Progress::decode(&v)),
+    })
+}
 
 /// The peer's checkpoint for `origin`, with its parts; None when there is none or it is damaged.
 pub async fn read_checkpoint(client: &Client, origin: &str) -> anyhow::Result<Option<Checkpoint>> {
-    let mut kv = super::target::kv(client);
+    let mut kv = crate::mirror::target::kv(client);
     let resp = kv.get(keys::checkpoint_key(origin), None).await.context("reading the checkpoint")?;
     let revision = resp.header().map_or(0, |h| h.revision());
     let header = resp.kvs().first().and_then(|kv| Checkpoint::decode(kv.value()));
@@ -24,7 +59,7 @@ pub async fn complete(
 ) -> Result<(Option<Checkpoint>, Stored), etcd_client::Error> {
     let Some(header) = header else { return Ok((None, Stored::Unknown)) };
     let Some(parts) = header.parts else { return Ok((Some(header), Stored::Whole)) };
-    let (from, to) = super::checkpoint::parts_range(origin, parts);
+    let (from, to) = crate::mirror::records::checkpoint::parts_range(origin, parts);
     let resp = kv.get(from, Some(GetOptions::new().with_range(to).with_revision(revision))).await?;
     let values: Vec<&[u8]> = resp.kvs().iter().map(|kv| kv.value()).collect();
     let stored = Stored::read(Some(parts), &values);

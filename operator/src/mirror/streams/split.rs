@@ -14,11 +14,11 @@
 //!
 //! A worker that dies mid-split leaves every key on a live, recorded lease; the successor places
 //! new writes by the recorded layout and continuous verification moves what is left.
-use super::plan::{MirrorOp, Revision, TxnLimits};
-use super::session::Applied;
-use super::shards::Layout;
-use super::worker::{State, Worker};
 use crate::keys;
+use crate::mirror::context::{State, Worker};
+use crate::mirror::leases::shards::Layout;
+use crate::mirror::plan::{MirrorOp, Revision, TxnLimits};
+use crate::mirror::streams::apply::Applied;
 use etcd_client::{Client, Compare, CompareOp, LeaseTimeToLiveOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
 use std::collections::VecDeque;
 use std::future::Future;
@@ -29,7 +29,7 @@ use tracing::info;
 type StepFuture = Pin<Box<dyn Future<Output = anyhow::Result<StepDone>> + Send>>;
 
 /// What a step's IO found.
-pub(super) enum StepDone {
+pub(in crate::mirror) enum StepDone {
     Granted(i64),
     Recorded(Applied),
     Listed(Vec<Vec<u8>>),
@@ -57,7 +57,7 @@ enum Stage {
 }
 
 /// A split in progress.
-pub(super) struct Split {
+pub(in crate::mirror) struct Split {
     from: usize,
     to: usize,
     stage: Stage,
@@ -65,7 +65,7 @@ pub(super) struct Split {
 }
 
 /// What the watch loop does after a step.
-pub(super) enum Advance {
+pub(in crate::mirror) enum Advance {
     Going,
     Done,
     Fenced(String),
@@ -95,7 +95,7 @@ impl Split {
 
 /// Re-targets the ops received but not applied yet at the layout as it is now (pure): a key of
 /// the new shard goes straight onto the new lease. `deltas` are parallel to each revision's ops.
-pub(super) fn retarget<'a>(
+pub(in crate::mirror) fn retarget<'a>(
     pending: impl Iterator<Item = (&'a mut Revision, &'a mut Vec<(usize, i64)>)>,
     layout: &Layout,
 ) {
@@ -123,7 +123,7 @@ async fn bounded<T>(
 
 impl Worker {
     /// Starts splitting `shard`: grants the new lease.
-    pub(super) fn start_split(&self, peer: &Client, shard: usize) -> Split {
+    pub(in crate::mirror) fn start_split(&self, peer: &Client, shard: usize) -> Split {
         let (mut peer, ttl, timeout) = (peer.clone(), self.config.lease_ttl_seconds, self.config.rpc_timeout);
         let step: StepFuture = Box::pin(async move {
             Ok(StepDone::Granted(bounded(timeout, "grant lease", peer.lease_grant(ttl, None)).await?.id()))
@@ -133,14 +133,14 @@ impl Worker {
 
     /// Takes a step's outcome and moves the split on. Returns what the watch does, and whether
     /// the layout in use changed (the pending ops are then re-targeted).
-    pub(super) fn advance_split(
+    pub(in crate::mirror) fn advance_split(
         &self,
         task: &mut Split,
         done: StepDone,
         peer: &Client,
         state: &mut State,
         epoch: i64,
-        lost_tx: &tokio::sync::mpsc::Sender<super::keepalive::KeeperSignal>,
+        lost_tx: &tokio::sync::mpsc::Sender<crate::mirror::leases::keeper::KeeperSignal>,
     ) -> anyhow::Result<(Advance, bool)> {
         task.step = None;
         let stage = std::mem::replace(&mut task.stage, Stage::Granting);
@@ -174,7 +174,7 @@ impl Worker {
                     lease,
                     "splitting an overfull lease shard; its keys move while the watch goes on"
                 );
-                self.shared.emit(super::MirrorEvent::LeaseGranted { lease, shard: task.to });
+                self.shared.emit(crate::mirror::MirrorEvent::LeaseGranted { lease, shard: task.to });
                 let leases = state.leases.len();
                 self.shared.update(|h| {
                     h.shard_splits += 1;
@@ -220,7 +220,7 @@ impl Worker {
     }
 
     /// Starts the split's next step when none is running and its turn has come.
-    pub(super) fn drive_split(
+    pub(in crate::mirror) fn drive_split(
         &self,
         task: &mut Split,
         peer: &Client,
@@ -284,7 +284,7 @@ impl Worker {
         let (layout, leases) = (state.layout.clone(), state.leases.clone());
         let owner_key = keys::owner_key(&self.config.origin);
         let timeout = self.config.rpc_timeout;
-        let mut kv = super::target::kv(peer);
+        let mut kv = crate::mirror::target::kv(peer);
         Box::pin(async move {
             let reads: Vec<TxnOp> = batch.iter().map(|k| TxnOp::get(k.clone(), None)).collect();
             let read = bounded(timeout, "read keys to move", kv.txn(Txn::new().and_then(reads))).await?;
@@ -316,7 +316,7 @@ impl Worker {
             if resp.succeeded() {
                 return Ok(StepDone::Moved { again });
             }
-            match super::session::owner_of(&resp) {
+            match crate::mirror::streams::apply::owner_of(&resp) {
                 // Still ours: a key changed under the move; read them again.
                 (revision, _) if revision == epoch => {
                     again.extend(put_keys);

@@ -6,17 +6,17 @@
 //! written `synced: false` (with the cause) before any key moves and `synced: true` with the
 //! revision once every key is in place, in the same Txn as the checkpoint. A consumer that finds
 //! no canary, or `synced: false`, must not read "no endpoints" as "the origin has none".
-use super::health::{MirrorEvent, Phase, ResyncCause};
-use super::keepalive::KeeperSignal;
-use super::plan::{
+use crate::keys;
+use crate::mirror::context::{State, Worker};
+use crate::mirror::health::{MirrorEvent, Phase, ResyncCause};
+use crate::mirror::leases::keeper::KeeperSignal;
+use crate::mirror::leases::shards::{Layout, needs_reshard, shard_count};
+use crate::mirror::plan::{
     Kv, MAX_SYNC_INFLIGHT_BYTES, MirrorOp, SYNC_GROUP_BYTES, SyncBatcher, distance, enforce_request_limit,
     group_by_shard, merge_step, next_page_limit, sync_window,
 };
-use super::session::Applied;
-use super::shards::{Layout, needs_reshard, shard_count};
-use super::target::kv;
-use super::worker::{State, Worker};
-use crate::keys;
+use crate::mirror::streams::apply::Applied;
+use crate::mirror::target::kv;
 use anyhow::anyhow;
 use etcd_client::{Client, GetOptions, GetResponse, PutOptions, TxnOp};
 use futures::StreamExt;
@@ -26,11 +26,11 @@ use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 /// Room kept in every request for the bookkeeping puts and framing.
-pub(super) const RESERVED_REQUEST_BYTES: usize = 64 * 1024;
+pub(in crate::mirror) const RESERVED_REQUEST_BYTES: usize = 64 * 1024;
 
 impl Worker {
     /// Returns who fenced us, if someone did.
-    pub(super) async fn sync(
+    pub(in crate::mirror) async fn sync(
         &self,
         local: &mut Client,
         peer: &mut Client,
@@ -241,7 +241,7 @@ impl Worker {
     /// One range page of at most `page_size` keys from `from`, fewer when the largest key-value
     /// seen so far is large. A response the client cannot decode is asked for again with a tenth
     /// of the keys.
-    pub(super) async fn page_of(
+    pub(in crate::mirror) async fn page_of(
         &self,
         page_size: i64,
         client: &Client,
@@ -274,7 +274,7 @@ impl Worker {
     /// How far the peer is: its round trip less the origin's, each the fastest of three status
     /// calls taken in turn, so that a busy machine, which slows both, is not taken for distance
     /// (None if the peer never answered).
-    pub(super) async fn peer_distance(&self, local: &Client, peer: &Client) -> Option<std::time::Duration> {
+    pub(in crate::mirror) async fn peer_distance(&self, local: &Client, peer: &Client) -> Option<std::time::Duration> {
         let (mut peer_best, mut local_best) = (None, None);
         for _ in 0..3 {
             for (client, best) in [(peer, &mut peer_best), (local, &mut local_best)] {
@@ -316,7 +316,7 @@ fn settle(result: Option<anyhow::Result<Applied>>) -> anyhow::Result<Option<Stri
     }
 }
 
-pub(super) fn page_kvs(mut page: GetResponse) -> impl Iterator<Item = Kv> {
+pub(in crate::mirror) fn page_kvs(mut page: GetResponse) -> impl Iterator<Item = Kv> {
     page.take_kvs().into_iter().map(|kv| {
         let lease = kv.lease();
         let (key, value) = kv.into_key_value();

@@ -9,19 +9,19 @@
 //! worker resuming behind many large values gets messages it can decode; a revision is applied
 //! only once its last fragment has arrived. A watch that answers nothing, not even a progress
 //! request, for longer than the stall timeout is treated as broken, never as an idle subtree.
-use super::health::{MirrorEvent, Phase, ResyncCause};
-use super::keepalive::KeeperSignal;
-use super::plan::{
+use crate::keys;
+use crate::mirror::context::{State, Worker};
+use crate::mirror::health::{MirrorEvent, Phase, ResyncCause};
+use crate::mirror::leases::keeper::KeeperSignal;
+use crate::mirror::leases::shards::overfull_shard;
+use crate::mirror::plan::{
     MAX_WATCH_INFLIGHT_BYTES, MirrorOp, Revision, SyncBatcher, WatchBatch, enforce_request_limit, next_watch_batch,
     verify_overdue, watch_depth, watch_linger,
 };
-use super::session::{Applied, WatchEnd};
-use super::shards::overfull_shard;
-use super::split::{Advance, Split, retarget};
-use super::sync::{RESERVED_REQUEST_BYTES, page_kvs};
-use super::verify::{advance, page_range, repairs};
-use super::worker::{State, Worker};
-use crate::keys;
+use crate::mirror::streams::apply::Applied;
+use crate::mirror::streams::split::{Advance, Split, retarget};
+use crate::mirror::streams::sync::{RESERVED_REQUEST_BYTES, page_kvs};
+use crate::mirror::verify::{advance, page_range, repairs};
 use anyhow::{Context, anyhow};
 use etcd_client::{Client, EventType, WatchOptions};
 use std::collections::{HashMap, VecDeque};
@@ -30,6 +30,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::{Notify, mpsc};
 use tracing::warn;
+
+/// How a watch ended without an error.
+pub(in crate::mirror) enum WatchEnd {
+    Shutdown,
+    Fenced(String),
+    Resync(ResyncCause),
+}
 
 /// A watch batch Txn in flight, with what it consumes once it lands.
 struct InFlight {
@@ -105,21 +112,22 @@ struct RevisionMeta {
 }
 
 impl Worker {
-    pub(super) async fn watch(
+    pub(in crate::mirror) async fn watch(
         &self,
         local: &mut Client,
         peer: &mut Client,
         state: &mut State,
         lost_tx: &mpsc::Sender<KeeperSignal>,
         lost_rx: &mut mpsc::Receiver<KeeperSignal>,
-        backoff: &mut super::backoff::Backoff,
+        backoff: &mut crate::mirror::backoff::Backoff,
     ) -> anyhow::Result<WatchEnd> {
         let prefix = keys::region_prefix(&self.config.origin);
         let watch_from = state.applied + 1;
         let options =
             WatchOptions::new().with_prefix().with_start_revision(watch_from).with_progress_notify().with_fragment();
-        let mut stream =
-            self.rpc("start watch", super::target::watcher(local).watch(prefix.as_str(), Some(options))).await?;
+        let mut stream = self
+            .rpc("start watch", crate::mirror::target::watcher(local).watch(prefix.as_str(), Some(options)))
+            .await?;
         self.shared.update(|h| h.phase = Phase::Watching);
 
         let epoch = state.ownership.epoch.ok_or_else(|| anyhow!("watch without ownership"))?;
@@ -575,7 +583,7 @@ impl Worker {
 async fn settle_split(splitting: Option<Split>, state: &mut State) {
     if let Some(task) = splitting {
         task.settle().await;
-        state.stored_checkpoint = super::checkpoint::Stored::Unknown;
+        state.stored_checkpoint = crate::mirror::records::checkpoint::Stored::Unknown;
     }
 }
 

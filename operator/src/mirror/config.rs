@@ -1,0 +1,78 @@
+//! A worker's settings; `MirrorConfig::new` has the CRD's defaults.
+use std::time::Duration;
+
+/// Settings of one worker.
+#[derive(Clone, Debug)]
+pub struct MirrorConfig {
+    /// The region whose subtree is mirrored.
+    pub origin: String,
+    /// The region mirrored into.
+    pub peer: String,
+    /// This worker instance, unique across restarts and replicas (it is the fencing identity).
+    pub owner_id: String,
+    pub lease_ttl_seconds: i64,
+    pub keepalive_interval: Duration,
+    pub max_keys_per_lease: u64,
+    pub page_size: i64,
+    pub max_txn_ops: usize,
+    pub max_txn_bytes: usize,
+    /// The peer's `--max-request-bytes`: a value that cannot fit in a request under it is
+    /// reported and left out instead of being retried forever.
+    pub max_request_bytes: usize,
+    /// Bytes a sync range page aims for (pages shrink when values are large).
+    pub page_bytes: usize,
+    /// Batch Txns in flight at once during a sync (keys of one sync are distinct).
+    pub sync_parallelism: usize,
+    /// Ops received but not applied before the worker stops reading the watch.
+    pub max_pending_ops: usize,
+    /// Bytes received but not applied before the worker stops reading the watch.
+    pub max_pending_bytes: usize,
+    pub backoff_base: Duration,
+    pub backoff_cap: Duration,
+    /// The failure detector's acceptable pause.
+    pub acceptable_pause: Duration,
+    /// Deadline of each etcd request.
+    pub rpc_timeout: Duration,
+    /// How often the worker asks for watch progress, so an idle subtree still advances.
+    pub progress_interval: Duration,
+    /// How often one page of the peer's copy is compared with the origin (zero: never).
+    pub verify_interval: Duration,
+    /// Keys per verification page.
+    pub verify_page_size: i64,
+    /// How long a far peer's batch that is not full waits for more revisions while others are in
+    /// flight (see `plan::watch_linger`).
+    pub watch_linger: Duration,
+    /// Shards per part of a checkpoint too large to be one record (`checkpoint::SHARDS_PER_PART`).
+    pub checkpoint_shards_per_part: usize,
+}
+
+impl MirrorConfig {
+    /// Defaults that match the CRD's.
+    pub fn new(origin: &str, peer: &str, owner_id: &str) -> Self {
+        MirrorConfig {
+            origin: origin.to_string(),
+            peer: peer.to_string(),
+            owner_id: owner_id.to_string(),
+            lease_ttl_seconds: 30,
+            keepalive_interval: Duration::from_secs(10),
+            max_keys_per_lease: 1_000,
+            page_size: 1000,
+            max_txn_ops: 128,
+            max_txn_bytes: 1 << 20,
+            max_request_bytes: 1_572_864,
+            page_bytes: 8 << 20,
+            sync_parallelism: 4,
+            max_pending_ops: 200_000,
+            max_pending_bytes: 64 << 20,
+            backoff_base: Duration::from_millis(200),
+            backoff_cap: Duration::from_secs(30),
+            acceptable_pause: Duration::from_secs(10),
+            rpc_timeout: Duration::from_secs(10),
+            progress_interval: Duration::from_secs(2),
+            verify_interval: Duration::from_secs(5),
+            verify_page_size: 1000,
+            watch_linger: super::plan::WATCH_LINGER,
+            checkpoint_shards_per_part: super::records::checkpoint::SHARDS_PER_PART,
+        }
+    }
+}

@@ -1,0 +1,185 @@
+//! A worker's context and the state it keeps across sessions, with the small helpers every stream
+//! uses (the records it writes, the Txn limits, the RPC deadline). Below the session and its
+//! streams, above the lease machinery and the records.
+use crate::keys;
+use crate::mirror::health::{MirrorEvent, ResyncCause};
+use crate::mirror::leases::keeper::{Keeper, KeeperSignal};
+use crate::mirror::plan::TxnLimits;
+use crate::mirror::records::checkpoint::{Checkpoint, CheckpointWrite, Progress, RecordBudget, plan_write};
+use crate::mirror::records::resume::Ownership;
+use crate::mirror::shared::Shared;
+use crate::mirror::{EtcdTarget, MirrorConfig};
+use etcd_client::TxnOp;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::SystemTime;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::warn;
+
+/// What the worker keeps across sessions. The peer's records stay the truth: every session
+/// re-reads them (see `resume.rs`).
+#[derive(Default)]
+pub(super) struct State {
+    pub ownership: Ownership,
+    /// One lease per shard (0 where none is granted yet).
+    pub leases: Vec<i64>,
+    /// The keys a lease may carry on this peer (see `plan::lease_cap`).
+    pub lease_cap: u64,
+    /// Auth binds this worker's user on the peer (see `session::auth_binds`).
+    pub auth_binds: bool,
+    /// Which shard each key belongs to (aligned with `leases`).
+    pub layout: crate::mirror::leases::shards::Layout,
+    /// Keys per shard.
+    pub keys: Vec<i64>,
+    /// Leases of a previous shard layout, kept alive until a resync has moved their keys.
+    pub retiring: Vec<i64>,
+    /// The origin revision the peer holds completely.
+    pub applied: i64,
+    pub synced: bool,
+    /// A sync this worker owes; it stays until a sync completes.
+    pub resync_cause: Option<ResyncCause>,
+    pub keeper: Option<Keeper>,
+    /// The origin etcd's cluster id, recorded with every complete snapshot.
+    pub origin_cluster_id: u64,
+    /// Origin keys left out because the peer cannot take them: key -> bytes.
+    pub oversized: BTreeMap<String, usize>,
+    /// Where continuous verification is in the subtree.
+    pub walk: crate::mirror::verify::Walk,
+    /// Ops per Txn, lowered when the peer says its `--max-txn-ops` is lower than configured.
+    pub txn_ops_cap: Option<usize>,
+    /// How the peer stores the checkpoint, as last read or written (written optimistically: a
+    /// write that fails ends the session, and the next one reads it again).
+    pub stored_checkpoint: crate::mirror::records::checkpoint::Stored,
+    /// Keys per shard as the checkpoint records them: each shard's count when it was last counted
+    /// (by a sync, or by a split of it). A split records only its two shards' counts, so that it
+    /// rewrites the parts holding them and not every part whose count moved since.
+    pub recorded_keys: Vec<i64>,
+}
+
+pub(super) struct Worker {
+    pub config: MirrorConfig,
+    pub local: EtcdTarget,
+    pub peer: EtcdTarget,
+    pub shared: Arc<Shared>,
+    pub cancel: CancellationToken,
+}
+
+impl Worker {
+    /// The checkpoint record this worker would write now.
+    pub(super) fn checkpoint(&self, state: &State, revision: i64, synced: bool) -> Checkpoint {
+        self.checkpoint_for(state, &state.layout, &state.leases, &state.keys, revision, synced)
+    }
+
+    /// The checkpoint record of a lease layout (the current one, or one about to be used).
+    pub(super) fn checkpoint_for(
+        &self,
+        state: &State,
+        layout: &crate::mirror::leases::shards::Layout,
+        leases: &[i64],
+        keys: &[i64],
+        revision: i64,
+        synced: bool,
+    ) -> Checkpoint {
+        Checkpoint {
+            owner: self.config.owner_id.clone(),
+            revision,
+            leases: leases.to_vec(),
+            slots: if layout.is_uniform() { Vec::new() } else { layout.slots().to_vec() },
+            keys: keys.to_vec(),
+            synced,
+            retiring: state.retiring.clone(),
+            origin_cluster_id: state.origin_cluster_id,
+            parts: None,
+        }
+    }
+
+    /// Plans writing `record` over what the peer stores, within what one Txn may carry beside
+    /// the records written with it.
+    pub(super) fn checkpoint_write(&self, state: &mut State, record: &Checkpoint) -> CheckpointWrite {
+        let limits = self.limits(state);
+        let budget = RecordBudget {
+            ops: limits.max_ops.saturating_sub(3).max(1),
+            bytes: limits.max_bytes.saturating_sub(4096).max(1),
+        };
+        let fresh_id = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
+        let per_part = self.config.checkpoint_shards_per_part;
+        let write = plan_write(&self.config.origin, record, &state.stored_checkpoint, budget, per_part, fresh_id);
+        state.stored_checkpoint = write.stored.clone();
+        state.recorded_keys = record.keys.clone();
+        write
+    }
+
+    pub(super) fn progress_op(&self, revision: i64) -> TxnOp {
+        TxnOp::put(keys::progress_key(&self.config.origin), self.progress_value(revision), None)
+    }
+
+    /// The progress record's value for `revision`.
+    pub(super) fn progress_value(&self, revision: i64) -> Vec<u8> {
+        Progress { owner: self.config.owner_id.clone(), revision }.encode()
+    }
+
+    /// What one peer Txn may carry: the configured limits (ops lowered if the peer said so), less
+    /// room for the progress record.
+    pub(super) fn limits(&self, state: &State) -> TxnLimits {
+        let ops = state.txn_ops_cap.unwrap_or(self.config.max_txn_ops).min(self.config.max_txn_ops);
+        TxnLimits::for_peer(ops, self.config.max_txn_bytes, 3, 1024)
+    }
+
+    /// Bounds an etcd call by the RPC timeout.
+    pub(super) async fn rpc<T>(
+        &self,
+        what: &str,
+        call: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
+    ) -> anyhow::Result<T> {
+        use anyhow::Context;
+        match tokio::time::timeout(self.config.rpc_timeout, call).await {
+            Err(_) => Err(anyhow::anyhow!("{what}: timed out after {:?}", self.config.rpc_timeout)),
+            Ok(r) => r.with_context(|| what.to_string()),
+        }
+    }
+
+    /// Replaces the keepalive task when the set of leases to keep alive changed.
+    pub(super) fn ensure_keeper(&self, state: &mut State, lost_tx: &mpsc::Sender<KeeperSignal>) {
+        let mut ids: Vec<i64> = state.leases.iter().chain(&state.retiring).copied().filter(|id| *id != 0).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        self.shared.update(|h| h.leases = state.leases.len());
+        if state.keeper.as_ref().is_some_and(|k| k.leases == ids) {
+            return;
+        }
+        state.keeper = Some(Keeper::spawn(
+            self.peer.clone(),
+            ids,
+            self.config.clone(),
+            self.shared.clone(),
+            lost_tx.clone(),
+            state.retiring.clone(),
+        ));
+    }
+
+    /// Records keys left out because the peer cannot take them, and says so once per key and size.
+    pub(super) fn report_oversized(
+        &self,
+        state: &mut State,
+        found: Vec<crate::mirror::plan::Oversized>,
+        fixed: Vec<String>,
+    ) {
+        let mut changed = false;
+        for key in fixed {
+            changed |= state.oversized.remove(&key).is_some();
+        }
+        for o in found {
+            if state.oversized.get(&o.key) != Some(&o.bytes) {
+                warn!(key = %o.key, bytes = o.bytes, "a value is larger than the peer accepts; left out of the mirror");
+                self.shared.emit(MirrorEvent::ValueTooLarge { key: o.key.clone(), bytes: o.bytes });
+                state.oversized.insert(o.key, o.bytes);
+                changed = true;
+            }
+        }
+        if changed {
+            let list: Vec<(String, usize)> = state.oversized.iter().map(|(k, v)| (k.clone(), *v)).collect();
+            self.shared.update(|h| h.oversized = list);
+        }
+    }
+}
