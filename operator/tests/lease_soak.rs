@@ -29,10 +29,13 @@ async fn at_the_defaults_three_25s_partitions_healed_with_reset_connections_dele
     let (handle, _e) = start(cfg, EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([proxy.endpoint("http")]));
     wait_synced(&handle).await;
     let deletes = count_peer_deletes(&p, "a").await;
+    let ttl = LowestTtl::watch(&p).await;
 
     partition_after_rounds(&handle, &proxy, Duration::from_secs(25), 3).await;
     converged(&o, &p, "a", DEADLINE).await;
     assert_eq!(deletes.load(Ordering::SeqCst), 0, "a 25 s partition lapsed keys at the defaults");
+    // Renewed within seconds of each heal, not at the TTL's edge.
+    assert!(ttl.lowest() >= 3, "the leases came within {} s of lapsing", ttl.lowest());
     assert_eq!(handle.health().resyncs, 0, "{:?}", handle.health());
     handle.shutdown().await;
 }

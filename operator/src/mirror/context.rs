@@ -3,17 +3,16 @@
 //! streams, above the lease machinery and the records.
 use crate::keys;
 use crate::mirror::health::{MirrorEvent, ResyncCause};
-use crate::mirror::leases::keeper::{Keeper, KeeperSignal};
+use crate::mirror::leases::keeper::Keeper;
 use crate::mirror::plan::TxnLimits;
 use crate::mirror::records::checkpoint::{Checkpoint, CheckpointWrite, Progress, RecordBudget, plan_write};
 use crate::mirror::records::resume::Ownership;
 use crate::mirror::shared::Shared;
 use crate::mirror::{EtcdTarget, MirrorConfig};
 use etcd_client::TxnOp;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::SystemTime;
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
@@ -39,7 +38,6 @@ pub(super) struct State {
     pub synced: bool,
     /// A sync this worker owes; it stays until a sync completes.
     pub resync_cause: Option<ResyncCause>,
-    pub keeper: Option<Keeper>,
     /// The origin etcd's cluster id, recorded with every complete snapshot.
     pub origin_cluster_id: u64,
     /// Origin keys left out because the peer cannot take them: key -> bytes.
@@ -55,6 +53,21 @@ pub(super) struct State {
     /// (by a sync, or by a split of it). A split records only its two shards' counts, so that it
     /// rewrites the parts holding them and not every part whose count moved since.
     pub recorded_keys: Vec<i64>,
+    /// Shards whose count moved from the recorded one by more than the drift allowed
+    /// (`count_drifted`): the watch records them.
+    pub drifted: BTreeSet<usize>,
+}
+
+impl State {
+    /// Whether `shard`'s count has moved an eighth of the cap or more from the recorded one: then
+    /// it is recorded, so that a session that ends soon after does not lose it (counts start from
+    /// the record) and no lease passes the cap unsplit across sessions. Recording at this drift
+    /// costs at most one record per eighth of a cap of changes to a shard.
+    pub fn count_drifted(&self, shard: usize) -> bool {
+        let recorded = self.recorded_keys.get(shard).copied().unwrap_or(0);
+        let now = self.keys.get(shard).copied().unwrap_or(0);
+        (now - recorded).abs() >= (self.lease_cap / 8).max(1) as i64
+    }
 }
 
 pub(super) struct Worker {
@@ -63,6 +76,8 @@ pub(super) struct Worker {
     pub peer: EtcdTarget,
     pub shared: Arc<Shared>,
     pub cancel: CancellationToken,
+    /// Renews the mirror's leases for the worker's whole life, across sessions.
+    pub keeper: Keeper,
 }
 
 impl Worker {
@@ -107,6 +122,8 @@ impl Worker {
         let write = plan_write(&self.config.origin, record, &state.stored_checkpoint, budget, per_part, fresh_id);
         state.stored_checkpoint = write.stored.clone();
         state.recorded_keys = record.keys.clone();
+        let still: BTreeSet<usize> = state.drifted.iter().copied().filter(|s| state.count_drifted(*s)).collect();
+        state.drifted = still;
         write
     }
 
@@ -139,23 +156,11 @@ impl Worker {
         }
     }
 
-    /// Replaces the keepalive task when the set of leases to keep alive changed.
-    pub(super) fn ensure_keeper(&self, state: &mut State, lost_tx: &mpsc::Sender<KeeperSignal>) {
-        let mut ids: Vec<i64> = state.leases.iter().chain(&state.retiring).copied().filter(|id| *id != 0).collect();
-        ids.sort_unstable();
-        ids.dedup();
-        self.shared.update(|h| h.leases = state.leases.len());
-        if state.keeper.as_ref().is_some_and(|k| k.leases == ids) {
-            return;
-        }
-        state.keeper = Some(Keeper::spawn(
-            self.peer.clone(),
-            ids,
-            self.config.clone(),
-            self.shared.clone(),
-            lost_tx.clone(),
-            state.retiring.clone(),
-        ));
+    /// Keeps exactly the state's leases (and the retiring ones) alive from now on.
+    pub(super) fn keep_alive(&self, state: &State) {
+        self.keeper.keep(&state.leases, &state.retiring);
+        let leases = state.leases.iter().filter(|id| **id != 0).count();
+        self.shared.update(|h| h.leases = leases);
     }
 
     /// Records keys left out because the peer cannot take them, and says so once per key and size.

@@ -11,6 +11,9 @@ pub enum Phase {
     Resyncing,
     Backoff,
     Fenced,
+    /// The mirror was retired from the peer (its RegionPeering deleted) after this worker owned
+    /// it; the worker stopped for good.
+    Retired,
     Stopped,
 }
 
@@ -23,17 +26,19 @@ impl Phase {
             Phase::Resyncing => "Resyncing",
             Phase::Backoff => "Backoff",
             Phase::Fenced => "Fenced",
+            Phase::Retired => "Retired",
             Phase::Stopped => "Stopped",
         }
     }
 
-    pub const ALL: [Phase; 7] = [
+    pub const ALL: [Phase; 8] = [
         Phase::Connecting,
         Phase::Syncing,
         Phase::Watching,
         Phase::Resyncing,
         Phase::Backoff,
         Phase::Fenced,
+        Phase::Retired,
         Phase::Stopped,
     ];
 }
@@ -48,7 +53,8 @@ pub struct PeerHealth {
     pub reachable: bool,
     pub keepalive_last_success: Option<SystemTime>,
     pub keepalive_failures: u64,
-    /// The smallest TTL the peer reported at the last keepalive round.
+    /// The TTL the leases were renewed with (None while none is kept). The leases' time left is
+    /// this less the age of `keepalive_last_success`, the stalest lease's last renewal.
     pub lease_ttl_reported: Option<i64>,
     pub lease_ttl_seconds: i64,
     pub leases: usize,
@@ -85,6 +91,13 @@ pub struct PeerHealth {
     /// observe the rounds they have not seen yet.
     pub keepalive_rtts: std::collections::VecDeque<f64>,
     pub keepalive_rounds: u64,
+    /// LeaseKeepAlive streams the last round used.
+    pub keepalive_streams: usize,
+    /// The peer members the keepalive streams go to, and whether that is the leader alone.
+    pub keepalive_endpoint: Option<String>,
+    pub keepalive_on_leader: bool,
+    /// A lease shard past the cap that cannot split further: said in status, never a panic.
+    pub layout_problem: Option<String>,
     /// Lease shards split online because they passed the cap.
     pub shard_splits: u64,
     /// The most watch batch Txns that were in flight at once (more than one only across
@@ -125,6 +138,10 @@ impl PeerHealth {
             lease_ttl_seconds,
             keepalive_rtts: Default::default(),
             keepalive_rounds: 0,
+            keepalive_streams: 0,
+            keepalive_endpoint: None,
+            keepalive_on_leader: false,
+            layout_problem: None,
             shard_splits: 0,
             batches_in_flight_peak: 0,
             leases: 0,

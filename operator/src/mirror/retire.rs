@@ -2,13 +2,17 @@
 //! stopped first). Fenced on the owner record as read, so a successor that took the mirror over
 //! meanwhile is never touched.
 //!
-//! - `Lapse`: nothing is deleted now. The bookkeeping records (owner, checkpoint, progress) are
+//! - `Lapse`: nothing is deleted now. The bookkeeping records (checkpoint, progress, canary) are
 //!   attached to one of the mirror's leases, so they lapse with the mirrored keys within the TTL
 //!   instead of staying on the peer forever.
 //! - `Delete`: the mirrored subtree and the bookkeeping are deleted at once.
+//!
+//! Either way the owner record becomes a tombstone that stays: a worker that owned the mirror
+//! and still runs somewhere (a deposed leader standing by) sees it and never takes the mirror
+//! back; only a new RegionPeering's worker may.
 use crate::keys;
 use crate::mirror::EtcdTarget;
-use crate::mirror::records::checkpoint::Checkpoint;
+use crate::mirror::records::checkpoint::{Checkpoint, Owner};
 use anyhow::Context;
 use etcd_client::{Compare, CompareOp, DeleteOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
 
@@ -51,12 +55,30 @@ pub async fn retire(peer: &EtcdTarget, origin: &str, policy: RetirePolicy) -> an
         None => Compare::version(owner_key.as_str(), CompareOp::Equal, 0),
     };
     let federation = keys::federation_prefix(origin);
+    // Everything of the bookkeeping but the owner record, which becomes the tombstone.
+    let federation_end = keys::prefix_range_end(federation.as_bytes());
+    let mut after_owner = owner_key.clone().into_bytes();
+    after_owner.push(0);
+    let bookkeeping_but_owner = || {
+        [
+            TxnOp::delete(federation.as_str(), Some(DeleteOptions::new().with_range(owner_key.as_str()))),
+            TxnOp::delete(after_owner.clone(), Some(DeleteOptions::new().with_range(federation_end.clone()))),
+        ]
+    };
+    let generation = owner.as_ref().and_then(|(_, v)| Owner::decode(v)).map_or(0, |o| o.generation);
+    let tombstone = Owner {
+        owner: "retired".into(),
+        acquired_at: k8s_openapi::jiff::Timestamp::now().to_string(),
+        generation: generation + 1,
+        retired: true,
+    };
     let mut lapse_lease = None;
-    let ops = match policy {
-        RetirePolicy::Delete => vec![
-            TxnOp::delete(keys::region_prefix(origin), Some(DeleteOptions::new().with_prefix())),
-            TxnOp::delete(federation.as_str(), Some(DeleteOptions::new().with_prefix())),
-        ],
+    let mut ops = match policy {
+        RetirePolicy::Delete => {
+            let mut ops = vec![TxnOp::delete(keys::region_prefix(origin), Some(DeleteOptions::new().with_prefix()))];
+            ops.extend(bookkeeping_but_owner());
+            ops
+        }
         RetirePolicy::Lapse => {
             let checkpoint = checkpoint.as_ref().and_then(|(_, v)| Checkpoint::decode(v));
             let revision = read.header().map_or(0, |h| h.revision());
@@ -78,7 +100,7 @@ pub async fn retire(peer: &EtcdTarget, origin: &str, policy: RetirePolicy) -> an
             }
             lapse_lease = alive;
             match alive {
-                None => vec![TxnOp::delete(federation.as_str(), Some(DeleteOptions::new().with_prefix()))],
+                None => bookkeeping_but_owner().to_vec(),
                 Some(lease) => {
                     let records = client
                         .get(federation.as_str(), Some(etcd_client::GetOptions::new().with_prefix()))
@@ -90,7 +112,7 @@ pub async fn retire(peer: &EtcdTarget, origin: &str, policy: RetirePolicy) -> an
                     let mut ops: Vec<TxnOp> = records
                         .kvs()
                         .iter()
-                        .filter(|kv| !kv.key().starts_with(parts.as_bytes()))
+                        .filter(|kv| !kv.key().starts_with(parts.as_bytes()) && kv.key() != owner_key.as_bytes())
                         .map(|kv| TxnOp::put(kv.key(), kv.value(), Some(PutOptions::new().with_lease(lease))))
                         .collect();
                     ops.push(TxnOp::delete(parts.as_str(), Some(DeleteOptions::new().with_prefix())));
@@ -99,6 +121,7 @@ pub async fn retire(peer: &EtcdTarget, origin: &str, policy: RetirePolicy) -> an
             }
         }
     };
+    ops.push(TxnOp::put(owner_key.as_str(), tombstone.encode(), None));
     let resp = client.txn(Txn::new().when([fence]).and_then(ops)).await.context("retiring the mirror")?;
     if !resp.succeeded() {
         return Ok(Retired::OwnedByAnother);

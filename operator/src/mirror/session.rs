@@ -1,18 +1,19 @@
-//! One session of a worker: connect, read the peer's records, decide ownership and where to
-//! resume (`resume.rs`), keep the recorded leases alive before checking them, take a new fencing
-//! epoch, then sync and watch. Also the fenced batch Txn every write of the mirror goes through.
+//! One session of a worker. The peer first: its records are read and every lease they name is
+//! kept alive (or, when they cannot be read, every lease the origin's keys on the peer sit on)
+//! before anything else, the origin included: a successor whose origin etcd is away must not let
+//! the mirror lapse. Then the origin, ownership (a new fencing epoch, taken only if the records
+//! are still what was read) and where to resume (`records::resume`), then sync and watch.
+use super::context::{State, Worker};
+use super::health::{MirrorEvent, Phase, ResyncCause};
+use super::leases::keeper::KeeperSignal;
+use super::records::checkpoint::Owner;
+use super::records::resume::{OriginStatus, OwnerDecision, Ownership, decide_ownership, decide_resume};
+use super::records::store::{Records, read_records};
+use super::streams::watch::WatchEnd;
 use crate::keys;
-use crate::mirror::context::{State, Worker};
-use crate::mirror::health::{MirrorEvent, Phase, ResyncCause};
-use crate::mirror::leases::keeper::{KeeperSignal, leases_alive};
-use crate::mirror::records::checkpoint::Owner;
-use crate::mirror::records::resume::{
-    OriginStatus, OwnerDecision, OwnerRecord, Ownership, decide_ownership, decide_resume,
-};
-use crate::mirror::records::store::{Records, read_records};
-use crate::mirror::streams::watch::WatchEnd;
 use anyhow::{Context, anyhow};
-use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
+use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp};
+use std::time::Duration;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
@@ -20,49 +21,63 @@ use tracing::{info, warn};
 pub(super) enum SessionEnd {
     Shutdown,
     Fenced(String),
+    /// The mirror was retired from the peer (its RegionPeering deleted): never take it back.
+    Retired(String),
 }
 
 impl Worker {
     pub(super) async fn session(
         &self,
         state: &mut State,
-        lost_tx: &mpsc::Sender<KeeperSignal>,
         lost_rx: &mut mpsc::Receiver<KeeperSignal>,
         backoff: &mut crate::mirror::backoff::Backoff,
     ) -> anyhow::Result<SessionEnd> {
         self.shared.phase(Phase::Connecting);
-        let (mut local, mut peer) =
-            tokio::try_join!(async { self.local.connect().await.context("connecting to the local etcd") }, async {
-                self.peer.connect().await.context("connecting to the peer etcd")
-            },)?;
-        let origin = self.origin_status(&mut local).await?;
-        state.auth_binds = self.auth_binds(&peer).await?;
-        state.lease_cap = crate::mirror::plan::lease_cap(self.config.max_keys_per_lease, state.auth_binds);
+        let mut peer = self.peer.connect().await.context("connecting to the peer etcd")?;
         let records = self.read_records(&peer).await?;
         state.stored_checkpoint = records.stored.clone();
         let first_session = state.ownership.epoch.is_none();
         let (generation, restored) =
             match decide_ownership(&self.config.owner_id, &state.ownership, records.owner.as_ref()) {
                 OwnerDecision::Fenced { by } => return Ok(SessionEnd::Fenced(by)),
+                OwnerDecision::Retired { by } => return Ok(SessionEnd::Retired(by)),
                 OwnerDecision::Take { generation, restored } => (generation, restored),
             };
         if restored {
             warn!("the peer's owner record went back (a restore of the peer?); resuming from what the peer holds");
         }
 
-        // Keep every recorded lease alive first: checking hundreds of them one round trip at a
-        // time, across regions, would otherwise outlast their TTL.
+        // Keep alive before anything else: every recorded lease, or, when the records cannot
+        // say, every lease the origin's keys on the peer are attached to.
         let recorded = records.checkpoint.clone().unwrap_or_default();
-        state.leases = recorded.leases.clone();
-        state.retiring = recorded.retiring.clone();
-        self.ensure_keeper(state, lost_tx);
-        let alive = leases_alive(&peer, &recorded.leases, self.config.rpc_timeout).await?;
-        let retiring_alive = leases_alive(&peer, &recorded.retiring, self.config.rpc_timeout).await?;
+        let orphans = match &records.checkpoint {
+            Some(_) => Vec::new(),
+            None => self.leases_of_the_peers_copy(&peer).await?,
+        };
+        let mut retiring = recorded.retiring.clone();
+        retiring.extend(orphans.iter().filter(|id| !retiring.contains(id)).copied().collect::<Vec<_>>());
+        self.keeper.keep(&recorded.leases, &retiring);
+        if !orphans.is_empty() {
+            warn!(
+                leases = orphans.len(),
+                "the peer's records of this mirror are unreadable: keeping every lease its keys are on alive until a resync moves them"
+            );
+        }
+
+        let mut local = self.local.connect().await.context("connecting to the local etcd")?;
+        let origin = self.origin_status(&mut local).await?;
+        state.auth_binds = self.auth_binds(&peer).await?;
+        state.lease_cap = crate::mirror::plan::lease_cap(self.config.max_keys_per_lease, state.auth_binds);
+        // Whether each lease is alive, from the peer's answers to the renewals.
+        let ttl = Duration::from_secs(self.config.lease_ttl_seconds.max(1) as u64);
+        let fresh = self.config.keepalive_interval;
+        let alive = self.keeper.liveness(&recorded.leases, fresh, ttl).await?;
+        let retiring_alive = self.keeper.liveness(&retiring, fresh, ttl).await?;
         let resume = decide_resume(
             records.checkpoint.as_ref(),
             records.progress.as_ref(),
             &alive,
-            &retiring_alive,
+            &retiring.iter().copied().zip(retiring_alive).collect::<Vec<_>>(),
             origin,
             state.resync_cause,
         );
@@ -74,18 +89,19 @@ impl Worker {
             );
         }
 
-        let epoch = self.acquire(&peer, records.owner.as_ref(), generation, resume.applied).await?;
+        let epoch = self.acquire(&peer, &records, generation, resume.applied).await?;
         state.ownership = Ownership { epoch: Some(epoch), generation, take_over: false };
         state.layout = crate::mirror::leases::shards::Layout::recorded(&resume.slots, resume.leases.len());
         state.leases = resume.leases;
         state.keys = resume.keys;
         state.recorded_keys = state.keys.clone();
+        state.drifted.clear();
         state.retiring = resume.retiring;
         state.applied = resume.applied;
         state.synced = resume.resync.is_none();
         state.resync_cause = resume.resync;
         state.origin_cluster_id = origin.cluster_id;
-        self.ensure_keeper(state, lost_tx);
+        self.keep_alive(state);
         info!(epoch, generation, "owns the mirror on the peer for this session");
 
         let predecessor = records.progress.as_ref().map(|p| p.owner.as_str()).filter(|o| *o != self.config.owner_id);
@@ -113,7 +129,7 @@ impl Worker {
                 }
                 self.shared.emit(MirrorEvent::ResyncStarted { cause });
                 info!(cause = cause.as_str(), "full sync");
-                match self.sync(&mut local, &mut peer, state, cause, origin.cluster_id, lost_tx).await? {
+                match self.sync(&mut local, &mut peer, state, cause, origin.cluster_id).await? {
                     Some(by) => return Ok(SessionEnd::Fenced(by)),
                     None => {
                         state.resync_cause = None;
@@ -121,14 +137,43 @@ impl Worker {
                     }
                 }
             }
-            match self.watch(&mut local, &mut peer, state, lost_tx, lost_rx, backoff).await? {
+            match self.watch(&mut local, &mut peer, state, lost_rx, backoff).await? {
                 WatchEnd::Shutdown => return Ok(SessionEnd::Shutdown),
                 WatchEnd::Fenced(by) => return Ok(SessionEnd::Fenced(by)),
                 WatchEnd::Resync(cause) => {
-                    self.ensure_keeper(state, lost_tx);
+                    self.keep_alive(state);
                     state.synced = false;
                     state.resync_cause = Some(cause);
                 }
+            }
+        }
+    }
+
+    /// The leases the origin's keys on the peer are attached to, read page by page (keys only)
+    /// and each page's kept alive at once: the records could not say which leases hold keys.
+    async fn leases_of_the_peers_copy(&self, peer: &Client) -> anyhow::Result<Vec<i64>> {
+        let prefix = keys::region_prefix(&self.config.origin);
+        let end = keys::prefix_range_end(prefix.as_bytes());
+        let mut from = prefix.into_bytes();
+        let mut found: Vec<i64> = Vec::new();
+        loop {
+            let options = GetOptions::new().with_range(end.clone()).with_keys_only().with_limit(self.config.page_size);
+            let page = self
+                .rpc("list the peer's copy", crate::mirror::target::kv(peer).get(from.clone(), Some(options)))
+                .await?;
+            let fresh: Vec<i64> =
+                page.kvs().iter().map(|kv| kv.lease()).filter(|l| *l != 0 && !found.contains(l)).collect();
+            let mut fresh_unique = fresh.clone();
+            fresh_unique.sort_unstable();
+            fresh_unique.dedup();
+            self.keeper.add_retiring(&fresh_unique);
+            found.extend(fresh_unique);
+            match page.kvs().last() {
+                Some(last) if page.more() => {
+                    from = last.key().to_vec();
+                    from.push(0);
+                }
+                _ => return Ok(found),
             }
         }
     }
@@ -159,30 +204,34 @@ impl Worker {
     }
 
     /// Writes the owner record (a new epoch: its mod revision) and the progress record under this
-    /// worker's name, if the owner record is still what was read.
-    async fn acquire(
-        &self,
-        peer: &Client,
-        read: Option<&OwnerRecord>,
-        generation: u64,
-        applied: i64,
-    ) -> anyhow::Result<i64> {
-        let key = keys::owner_key(&self.config.origin);
-        let compare = match read {
+    /// worker's name, if the records are still what this session read: a predecessor still
+    /// running may have recorded a lease since (a split), which this session must keep alive.
+    async fn acquire(&self, peer: &Client, read: &Records, generation: u64, applied: i64) -> anyhow::Result<i64> {
+        let origin = &self.config.origin;
+        let key = keys::owner_key(origin);
+        let owner_unchanged = match &read.owner {
             Some(r) => Compare::mod_revision(key.as_str(), CompareOp::Equal, r.mod_revision),
             None => Compare::version(key.as_str(), CompareOp::Equal, 0),
         };
+        let parts = keys::checkpoint_parts_prefix(origin);
+        let not_since = read.revision + 1;
+        let checkpoint_unchanged = Compare::mod_revision(keys::checkpoint_key(origin), CompareOp::Less, not_since);
+        let parts_unchanged = Compare::mod_revision(parts.as_str(), CompareOp::Less, not_since)
+            .with_range(keys::prefix_range_end(parts.as_bytes()));
         let owner = Owner {
             owner: self.config.owner_id.clone(),
             acquired_at: k8s_openapi::jiff::Timestamp::now().to_string(),
             generation,
+            retired: false,
         };
         let txn = Txn::new()
-            .when([compare])
-            .and_then([TxnOp::put(key.as_str(), serde_json::to_vec(&owner)?, None), self.progress_op(applied)]);
+            .when([owner_unchanged, checkpoint_unchanged, parts_unchanged])
+            .and_then([TxnOp::put(key.as_str(), owner.encode(), None), self.progress_op(applied)]);
         let resp = self.rpc("take ownership", crate::mirror::target::kv(peer).txn(txn)).await?;
         if !resp.succeeded() {
-            anyhow::bail!("another worker changed the owner of this mirror while this one took over; retrying");
+            anyhow::bail!(
+                "the mirror's records on the peer changed while this worker took over (a predecessor still writing?); reading them again"
+            );
         }
         resp.header().map(|h| h.revision()).ok_or_else(|| anyhow!("txn response without header"))
     }

@@ -69,6 +69,67 @@ impl EtcdTarget {
     /// Connects over the members that answer now and know a leader. Fails, naming each member's
     /// problem, when none does.
     pub async fn connect(&self) -> Result<Client, etcd_client::Error> {
+        let healthy: Vec<String> = self.probe_members().await?.into_iter().map(|m| m.endpoint).collect();
+        let mut options = self.base_options();
+        if let Some((user, password)) = &self.user {
+            options = options.with_user(user.clone(), password.clone());
+        }
+        Client::connect(&healthy, Some(options)).await
+    }
+
+    /// A raw gRPC channel over the members that answer now, for the calls etcd-client cannot
+    /// make (see `leases::rpc`). With `prefer_leader`, over the leader alone when a probe saw
+    /// which member leads: a follower forwards every lease renewal to the leader, one at a time.
+    pub async fn connect_raw(&self, prefer_leader: bool) -> Result<RawChannel, etcd_client::Error> {
+        let members = self.probe_members().await?;
+        let leader = members.iter().find(|m| m.leads == Some(true)).map(|m| m.endpoint.clone());
+        let on_leader = prefer_leader && leader.is_some();
+        let endpoints: Vec<String> = match leader {
+            Some(leader) if prefer_leader => vec![leader],
+            _ => members.into_iter().map(|m| m.endpoint).collect(),
+        };
+        let mut built = Vec::with_capacity(endpoints.len());
+        for url in &endpoints {
+            built.push(self.raw_endpoint(url)?);
+        }
+        let channel = tonic::transport::Channel::balance_list(built.into_iter());
+        let token = match &self.user {
+            None => None,
+            Some((user, password)) => {
+                let options = ConnectOptions::new().with_require_leader(true);
+                let client = Client::from_channel(etcd_client::Channel::Tonic(channel.clone()), Some(options)).await?;
+                let resp = client.auth_client().authenticate(user.clone(), password.clone()).await?;
+                let token = resp.token().parse().map_err(|_| {
+                    etcd_client::Error::InvalidArgs(
+                        "the etcd answered an authentication token that is not ASCII".into(),
+                    )
+                })?;
+                Some(token)
+            }
+        };
+        Ok(RawChannel { channel, token, endpoints, on_leader })
+    }
+
+    /// One endpoint of a raw channel, set up as etcd-client sets up its own.
+    fn raw_endpoint(&self, url: &str) -> Result<tonic::transport::Endpoint, etcd_client::Error> {
+        let invalid = |e: &dyn std::fmt::Display| etcd_client::Error::InvalidArgs(format!("endpoint {url}: {e}"));
+        let mut endpoint = tonic::transport::Endpoint::from_shared(url.to_string())
+            .map_err(|e| invalid(&e))?
+            .connect_timeout(Duration::from_secs(5))
+            .http2_keep_alive_interval(Duration::from_secs(10))
+            .keep_alive_timeout(Duration::from_secs(5))
+            .keep_alive_while_idle(true);
+        if url.starts_with("https://") {
+            let tls = self.tls.clone().unwrap_or_else(|| TlsOptions::new().with_webpki_roots());
+            endpoint = endpoint.tls_config(tls).map_err(|e| invalid(&e))?;
+        }
+        Ok(endpoint)
+    }
+
+    /// Probes every member in parallel: the ones that answer and know a leader, and whether each
+    /// leads (unknown when status is refused, as it is to a non-root user under auth). Fails,
+    /// naming each member's problem, when none answers.
+    async fn probe_members(&self) -> Result<Vec<Member>, etcd_client::Error> {
         let base = self.base_options();
         let probes = self.endpoints.iter().map(|endpoint| {
             let options = base.clone();
@@ -79,28 +140,59 @@ impl EtcdTarget {
                     if status.leader() == 0 {
                         return Err(etcd_client::Error::InvalidArgs("the member has no leader".into()));
                     }
-                    Ok(())
+                    Ok(status.header().map(|h| h.member_id() == status.leader()))
                 };
                 match tokio::time::timeout(PROBE_TIMEOUT, probe).await {
-                    Ok(Ok(())) => Ok(endpoint.clone()),
+                    Ok(Ok(leads)) => Ok(Member { endpoint: endpoint.clone(), leads }),
                     // The member answered (with auth on, status wants a user): it serves.
-                    Ok(Err(etcd_client::Error::GRpcStatus(s))) if answered(&s) => Ok(endpoint.clone()),
+                    Ok(Err(etcd_client::Error::GRpcStatus(s))) if answered(&s) => {
+                        Ok(Member { endpoint: endpoint.clone(), leads: None })
+                    }
                     Ok(Err(e)) => Err(format!("{endpoint}: {e}")),
                     Err(_) => Err(format!("{endpoint}: no answer in {PROBE_TIMEOUT:?}")),
                 }
             }
         });
         let results = futures::future::join_all(probes).await;
-        let healthy: Vec<String> = results.iter().filter_map(|r| r.as_ref().ok().cloned()).collect();
+        let healthy: Vec<Member> = results.iter().filter_map(|r| r.as_ref().ok().cloned()).collect();
         if healthy.is_empty() {
             let problems: Vec<String> = results.into_iter().filter_map(Result::err).collect();
             return Err(etcd_client::Error::InvalidArgs(format!("no member answers: {}", problems.join("; "))));
         }
-        let mut options = base;
-        if let Some((user, password)) = &self.user {
-            options = options.with_user(user.clone(), password.clone());
+        Ok(healthy)
+    }
+}
+
+/// A member that answered a probe.
+#[derive(Clone, Debug)]
+struct Member {
+    endpoint: String,
+    /// Whether it leads its cluster (None: status was refused).
+    leads: Option<bool>,
+}
+
+/// A gRPC channel to an etcd, with its credentials, for calls made without etcd-client.
+#[derive(Clone)]
+pub struct RawChannel {
+    pub channel: tonic::transport::Channel,
+    /// The auth token every call carries when the etcd has auth on.
+    pub token: Option<tonic::metadata::AsciiMetadataValue>,
+    /// The members it balances over.
+    pub endpoints: Vec<String>,
+    /// It goes to the member that led when it was opened.
+    pub on_leader: bool,
+}
+
+impl RawChannel {
+    /// A request carrying the token and, as every call of the mirror does, `hasleader`: a member
+    /// cut off from its quorum refuses instead of hanging.
+    pub fn request<T>(&self, message: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        if let Some(token) = &self.token {
+            request.metadata_mut().insert("token", token.clone());
         }
-        Client::connect(&healthy, Some(options)).await
+        request.metadata_mut().insert("hasleader", tonic::metadata::AsciiMetadataValue::from_static("true"));
+        request
     }
 }
 

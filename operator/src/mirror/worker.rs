@@ -10,7 +10,8 @@ use crate::mirror::backoff::Backoff;
 use crate::mirror::context::{State, Worker};
 use crate::mirror::detector::ReachabilityDetector;
 use crate::mirror::health::{MirrorEvent, PeerHealth, Phase};
-use crate::mirror::leases::keeper::KeeperSignal;
+use crate::mirror::leases::keeper::{Keeper, KeeperSignal, any_lease_alive};
+use crate::mirror::records::resume::{OwnerDecision, decide_ownership};
 use crate::mirror::session::SessionEnd;
 use crate::mirror::shared::Shared;
 use crate::mirror::{EtcdTarget, MirrorConfig};
@@ -71,8 +72,10 @@ pub fn spawn(
         events,
         detector: Mutex::new(ReachabilityDetector::new(config.acceptable_pause, Instant::now())),
     });
-    let worker = Worker { config, local, peer, shared, cancel: cancel.clone() };
-    let task = tokio::spawn(worker.run().instrument(span));
+    let (signals, lost_rx) = mpsc::channel::<KeeperSignal>(64);
+    let keeper = span.in_scope(|| Keeper::spawn(peer.clone(), &config, shared.clone(), signals));
+    let worker = Worker { config, local, peer, shared, cancel: cancel.clone(), keeper };
+    let task = tokio::spawn(worker.run(lost_rx).instrument(span));
     MirrorHandle { health: health_rx, cancel, task }
 }
 
@@ -80,20 +83,24 @@ pub fn spawn(
 enum StandBy {
     Resume,
     Shutdown,
+    Retired(String),
 }
 
 impl Worker {
-    async fn run(self) {
+    async fn run(self, mut lost_rx: mpsc::Receiver<KeeperSignal>) {
         let mut state = State::default();
         let mut backoff = Backoff::new(self.config.backoff_base, self.config.backoff_cap);
-        let (lost_tx, mut lost_rx) = mpsc::channel::<KeeperSignal>(64);
         loop {
             let outcome = tokio::select! {
                 _ = self.cancel.cancelled() => Ok(SessionEnd::Shutdown),
-                r = self.session(&mut state, &lost_tx, &mut lost_rx, &mut backoff) => r,
+                r = self.session(&mut state, &mut lost_rx, &mut backoff) => r,
             };
             match outcome {
                 Ok(SessionEnd::Shutdown) => break,
+                Ok(SessionEnd::Retired(by)) => {
+                    self.retired(&by).await;
+                    break;
+                }
                 Ok(SessionEnd::Fenced(by)) => {
                     warn!(%by, "fenced: another worker owns this mirror now; this one stops writing and stands by");
                     self.shared.update(|h| {
@@ -103,6 +110,10 @@ impl Worker {
                     self.shared.emit(MirrorEvent::Fenced { by });
                     match self.stand_by(&mut state).await {
                         StandBy::Shutdown => break,
+                        StandBy::Retired(by) => {
+                            self.retired(&by).await;
+                            break;
+                        }
                         StandBy::Resume => {
                             state.ownership.take_over = true;
                             backoff.reset();
@@ -135,9 +146,21 @@ impl Worker {
                 }
             }
         }
-        // No revoke: the leases lapse on their own unless a successor adopts them.
-        state.keeper = None;
+        // No revoke: the leases lapse on their own unless a successor adopts them (the keeper
+        // stops with the worker).
         self.shared.phase(Phase::Stopped);
+    }
+
+    /// The mirror was retired from the peer after this worker owned it (its RegionPeering was
+    /// deleted): it stops renewing and never takes the mirror back. Waits for its stop.
+    async fn retired(&self, by: &str) {
+        warn!(%by, "the mirror was retired from the peer (its RegionPeering deleted): this worker stops for good");
+        self.keeper.keep(&[], &[]);
+        self.shared.update(|h| {
+            h.phase = Phase::Retired;
+            h.synced = false;
+        });
+        self.cancel.cancelled().await;
     }
 
     /// Fenced: keeps the leases alive until a successor shows itself (it writes the progress
@@ -155,20 +178,20 @@ impl Worker {
             }
             let Ok(peer) = self.peer.connect().await else { continue };
             let Ok(records) = self.read_records(&peer).await else { continue };
-            let decision = crate::mirror::records::resume::decide_ownership(
-                &self.config.owner_id,
-                &state.ownership,
-                records.owner.as_ref(),
-            );
-            if let crate::mirror::records::resume::OwnerDecision::Take { .. } = decision {
-                info!("the owner record is gone or an old one came back; resuming");
-                return StandBy::Resume;
+            let decision = decide_ownership(&self.config.owner_id, &state.ownership, records.owner.as_ref());
+            match decision {
+                OwnerDecision::Take { .. } => {
+                    info!("the owner record is gone or an old one came back; resuming");
+                    return StandBy::Resume;
+                }
+                OwnerDecision::Retired { by } => return StandBy::Retired(by),
+                OwnerDecision::Fenced { .. } => {}
             }
             let progress_owner = records.progress.as_ref().map(|p| p.owner.as_str());
             if !successor_seen && progress_owner.is_some_and(|o| o != self.config.owner_id) {
                 info!(successor = progress_owner.unwrap_or_default(), "a successor took over; keepalives stop here");
                 successor_seen = true;
-                state.keeper = None;
+                self.keeper.keep(&[], &[]);
             }
             if !successor_seen && started.elapsed() > patience {
                 warn!(waited = ?started.elapsed(), "nobody took over this mirror; resuming");
@@ -176,10 +199,8 @@ impl Worker {
             }
             if successor_seen {
                 let leases: Vec<i64> = records.checkpoint.as_ref().map(|c| c.leases.clone()).unwrap_or_default();
-                let alive = crate::mirror::leases::keeper::leases_alive(&peer, &leases, self.config.rpc_timeout)
-                    .await
-                    .unwrap_or_default();
-                if !leases.is_empty() && alive.len() == leases.len() && alive.iter().all(|a| !a) {
+                let any_alive = any_lease_alive(&peer, &leases, self.config.rpc_timeout).await;
+                if !leases.is_empty() && any_alive == Some(false) {
                     warn!("the successor's leases all lapsed; resuming");
                     return StandBy::Resume;
                 }

@@ -129,3 +129,42 @@ pub async fn wait_placed_under_cap(p: &Client, cap: usize, handle: &MirrorHandle
     .await
     .unwrap_or_else(|e| panic!("{e}; health: {:?}", handle.health()));
 }
+
+/// The least time to live the peer reports for region "a"'s recorded leases, sampled every
+/// 100 ms from a direct connection until dropped: how close the mirror came to lapsing.
+pub struct LowestTtl {
+    lowest: std::sync::Arc<std::sync::atomic::AtomicI64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl LowestTtl {
+    pub async fn watch(p: &Client) -> LowestTtl {
+        let lowest = std::sync::Arc::new(std::sync::atomic::AtomicI64::new(i64::MAX));
+        let (seen, mut p) = (lowest.clone(), p.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                let leases = super::etcd::checkpoint(&mut p, "a").await.map(|c| c.leases).unwrap_or_default();
+                for _ in 0..10 {
+                    for lease in leases.iter().take(8) {
+                        if let Ok(resp) = p.lease_time_to_live(*lease, None).await {
+                            seen.fetch_min(resp.ttl(), std::sync::atomic::Ordering::SeqCst);
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        });
+        LowestTtl { lowest, task }
+    }
+
+    /// Seconds left at the closest call (i64::MAX when never sampled; below 0 when gone).
+    pub fn lowest(&self) -> i64 {
+        self.lowest.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for LowestTtl {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

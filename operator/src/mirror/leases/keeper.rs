@@ -1,18 +1,28 @@
-//! The origin-heartbeat: a task that keeps every lease of the mirror alive on the peer at the
-//! keepalive interval, feeds the failure detector and the health, and reports leases that are
-//! gone. Dropping it stops the keepalives; nothing is ever revoked.
+//! The origin-heartbeat: one task per worker, for the worker's whole life, that keeps every lease
+//! of the mirror alive on the peer. When to renew and how to spread the renewals is planned in
+//! `renewal.rs`; this is the IO.
+//!
+//! - Leases join and leave the running keeper (`keep`, `granted`); nothing restarts its streams.
+//! - A round renews the leases that are due over several LeaseKeepAlive streams to the peer's
+//!   leader when a probe saw it (a follower forwards each renewal to the leader, one at a time).
+//! - A round that fails or hangs is abandoned at its deadline and retried at once; leases renewed
+//!   by the answers it got stay renewed.
+//! - It feeds the failure detector and the health (round time, TTL left), tells the worker about
+//!   a lease that is gone or a peer whose cluster id changed, and answers whether leases are
+//!   alive (`liveness`).
+//!
+//! Dropping it stops the renewals; nothing is ever revoked.
+use super::renewal::{Book, Kept, Measured, Timing, chunks, retry_delay, streams_for};
+use super::rpc::KeepAliveStream;
 use crate::mirror::shared::Shared;
+use crate::mirror::target::RawChannel;
 use crate::mirror::{EtcdTarget, MirrorConfig};
-use anyhow::anyhow;
-use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
-use futures::StreamExt;
-use std::collections::HashMap;
-use std::sync::Arc;
-use std::time::{Duration, SystemTime};
-use tokio::sync::mpsc;
-use tracing::{Instrument, debug};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+use tokio::sync::{Notify, mpsc, watch};
+use tracing::{Instrument, debug, info};
 
-/// What the keepalive task tells the worker.
+/// What the keeper tells the worker.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KeeperSignal {
     /// The lease is gone, and its keys with it.
@@ -25,9 +35,13 @@ pub fn is_lease_not_found(e: &etcd_client::Error) -> bool {
     e.to_string().contains("lease not found")
 }
 
+/// The keeper's handle. The task ends when it is dropped.
 pub struct Keeper {
-    /// The leases kept alive, sorted: a keeper is replaced only when this set changes.
-    pub leases: Vec<i64>,
+    book: Arc<Mutex<Book>>,
+    /// Wakes the task when leases join.
+    joined: Arc<Notify>,
+    /// Bumped after every round, so that `liveness` can wait for answers.
+    rounds: watch::Receiver<u64>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -38,216 +52,416 @@ impl Drop for Keeper {
 }
 
 impl Keeper {
-    /// Starts keeping `leases` alive. A lease found gone is sent on `lost` once, unless it is
-    /// one of `retiring` (an earlier layout's lease, expected to empty and lapse).
+    /// Starts a keeper with nothing to keep (it measures the peer's round trip meanwhile).
     pub(in crate::mirror) fn spawn(
         peer: EtcdTarget,
-        mut leases: Vec<i64>,
-        config: MirrorConfig,
+        config: &MirrorConfig,
         shared: Arc<Shared>,
-        lost: mpsc::Sender<KeeperSignal>,
-        retiring: Vec<i64>,
+        signals: mpsc::Sender<KeeperSignal>,
     ) -> Keeper {
-        leases.sort_unstable();
-        leases.dedup();
-        let ids = leases.clone();
-        let task = tokio::spawn(
-            async move {
-                let mut stream: Option<(LeaseKeeper, LeaseKeepAliveStream)> = None;
-                let mut client: Option<Client> = None;
-                let mut reported_lost: Vec<i64> = Vec::new();
-                let mut cluster: Option<u64> = None;
-                // A round must end before the next is due, or a slow peer would stretch the
-                // keepalive interval past the TTL.
-                let round_timeout = config.rpc_timeout.min(config.keepalive_interval).max(Duration::from_millis(500));
-                loop {
-                    let started = tokio::time::Instant::now();
-                    if client.is_none() {
-                        client = tokio::time::timeout(round_timeout, peer.connect()).await.ok().and_then(Result::ok);
-                    }
-                    let results: Vec<Result<(i64, u64), String>> = match client.as_ref() {
-                        None => vec![Err("cannot connect to the peer".to_string())],
-                        // No lease yet: a round trip all the same, so that health is measured.
-                        Some(c) if ids.is_empty() => {
-                            let mut c = c.clone();
-                            match tokio::time::timeout(round_timeout, c.status()).await {
-                                Ok(Ok(s)) => vec![Ok((1, s.header().map_or(0, |h| h.cluster_id())))],
-                                Ok(Err(e)) => vec![Err(e.to_string())],
-                                Err(_) => vec![Err("status timed out".to_string())],
-                            }
+        let book = Arc::new(Mutex::new(Book::new()));
+        let joined = Arc::new(Notify::new());
+        let (rounds_tx, rounds) = watch::channel(0u64);
+        let timing = Timing {
+            ttl: Duration::from_secs(config.lease_ttl_seconds.max(1) as u64),
+            interval: config.keepalive_interval,
+            ceiling: config.rpc_timeout,
+        };
+        let task = Task {
+            peer,
+            timing,
+            book: book.clone(),
+            joined: joined.clone(),
+            rounds: rounds_tx,
+            shared,
+            signals,
+            connection: None,
+            status_client: None,
+            streams_wanted: 1,
+            cluster: None,
+        };
+        let task = tokio::spawn(task.run().in_current_span());
+        Keeper { book, joined, rounds, task }
+    }
+
+    fn book(&self) -> std::sync::MutexGuard<'_, Book> {
+        self.book.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Keeps exactly `leases` and `retiring` alive from now on (0s are skipped). Leases already
+    /// kept keep their clocks; new ones are renewed at once.
+    pub fn keep(&self, leases: &[i64], retiring: &[i64]) {
+        let mut book = self.book();
+        let wanted: std::collections::BTreeMap<i64, bool> = leases
+            .iter()
+            .map(|id| (*id, false))
+            .chain(retiring.iter().map(|id| (*id, true)))
+            .filter(|(id, _)| *id != 0)
+            .collect();
+        book.retain(|id, _| wanted.contains_key(id));
+        let mut joined = false;
+        for (id, is_retiring) in wanted {
+            let kept = book.entry(id).or_insert_with(|| {
+                joined = true;
+                Kept::default()
+            });
+            kept.retiring = is_retiring && !leases.contains(&id);
+        }
+        drop(book);
+        if joined {
+            self.joined.notify_one();
+        }
+    }
+
+    /// Adds leases found holding the origin's keys when the records could not say which: kept
+    /// alive as retiring until a resync has moved their keys.
+    pub fn add_retiring(&self, leases: &[i64]) {
+        let mut book = self.book();
+        let mut joined = false;
+        for id in leases.iter().filter(|id| **id != 0) {
+            book.entry(*id).or_insert_with(|| {
+                joined = true;
+                Kept { retiring: true, ..Kept::default() }
+            });
+        }
+        drop(book);
+        if joined {
+            self.joined.notify_one();
+        }
+    }
+
+    /// A lease this worker granted just before `at`: its TTL runs from then.
+    pub fn granted(&self, lease: i64, at: Instant) {
+        self.book().insert(lease, Kept { renewed_at: Some(at), answered_at: Some(at), ..Kept::default() });
+        self.joined.notify_one();
+    }
+
+    /// The leases kept now.
+    pub fn leases(&self) -> Vec<i64> {
+        self.book().keys().copied().collect()
+    }
+
+    /// Whether each of `ids` is alive, from the peer's answers to the renewals: waits until the
+    /// peer answered for every one within `fresh`, or fails after `timeout`. 0 is never alive.
+    pub async fn liveness(&self, ids: &[i64], fresh: Duration, timeout: Duration) -> anyhow::Result<Vec<bool>> {
+        let mut rounds = self.rounds.clone();
+        let deadline = Instant::now() + timeout;
+        loop {
+            let now = Instant::now();
+            let answers: Option<Vec<bool>> = {
+                let book = self.book();
+                ids.iter()
+                    .map(|id| match book.get(id) {
+                        _ if *id == 0 => Some(false),
+                        Some(k) if k.lost => Some(false),
+                        Some(k) if k.answered_at.is_some_and(|t| now.saturating_duration_since(t) <= fresh) => {
+                            Some(true)
                         }
-                        Some(c) => match keep_alive_round(&mut c.clone(), &mut stream, &ids, round_timeout).await {
-                            Ok(answers) => ids
-                                .iter()
-                                .map(|id| answers.get(id).copied().ok_or_else(|| format!("lease {id}: no answer")))
-                                .collect(),
-                            Err(e) => vec![Err(e)],
-                        },
-                    };
-                    let mut min_ttl: Option<i64> = None;
-                    let mut failed = false;
-                    if let Some(to) = results.iter().find_map(|r| r.as_ref().ok().map(|r| r.1).filter(|c| *c != 0)) {
-                        match cluster.replace(to) {
-                            Some(from) if from != to => {
-                                let _ = lost.try_send(KeeperSignal::PeerChanged { from, to });
-                            }
-                            _ => {}
-                        }
+                        _ => None,
+                    })
+                    .collect()
+            };
+            if let Some(alive) = answers {
+                return Ok(alive);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if tokio::time::timeout(left, rounds.changed()).await.is_err() {
+                anyhow::bail!("the peer did not answer the renewals of the recorded leases within {timeout:?}");
+            }
+        }
+    }
+}
+
+/// The keeper's task.
+struct Task {
+    peer: EtcdTarget,
+    timing: Timing,
+    book: Arc<Mutex<Book>>,
+    joined: Arc<Notify>,
+    rounds: watch::Sender<u64>,
+    shared: Arc<Shared>,
+    signals: mpsc::Sender<KeeperSignal>,
+    /// The raw channel and its open streams, kept across rounds while they work.
+    connection: Option<Connection>,
+    /// For a round trip while no lease is kept.
+    status_client: Option<etcd_client::Client>,
+    streams_wanted: usize,
+    /// The peer's cluster id as the last answers gave it.
+    cluster: Option<u64>,
+}
+
+struct Connection {
+    raw: RawChannel,
+    streams: Vec<Option<KeepAliveStream>>,
+}
+
+/// How a round ended.
+struct RoundEnd {
+    answered: usize,
+    error: Option<String>,
+}
+
+impl Task {
+    fn book(&self) -> std::sync::MutexGuard<'_, Book> {
+        self.book.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    async fn run(mut self) {
+        let mut attempt = 0u32;
+        loop {
+            let now = Instant::now();
+            for (id, kept) in self.book.lock().unwrap_or_else(std::sync::PoisonError::into_inner).iter_mut() {
+                if kept.lost {
+                    report_lost(*id, kept, &self.signals);
+                }
+            }
+            let (due, next, deadline) = {
+                let book = self.book();
+                (
+                    self.timing.due(&book, now),
+                    self.timing.next_round(&book, now),
+                    self.timing.round_deadline(&book, now),
+                )
+            };
+            if due.is_empty() {
+                if next.is_none() {
+                    self.round_trip_without_leases().await;
+                }
+                let wake = next.unwrap_or(now + self.timing.interval);
+                self.idle_until(wake).await;
+                continue;
+            }
+            let started = Instant::now();
+            let end = match tokio::time::timeout(deadline, self.round(&due, started)).await {
+                Ok(end) => end,
+                Err(_) => RoundEnd {
+                    answered: self.answered_since(&due, started),
+                    error: Some(format!("no answer within {deadline:?}")),
+                },
+            };
+            let elapsed = started.elapsed();
+            let streams = self.connection.as_ref().map_or(0, |c| c.streams.len().max(1));
+            let measured = Measured { answered: end.answered, elapsed, streams };
+            self.streams_wanted =
+                streams_for(due.len(), self.streams_wanted, Some(measured), self.timing.target_round());
+            self.rounds.send_modify(|n| *n += 1);
+            match end.error {
+                None => {
+                    attempt = 0;
+                    self.round_succeeded(elapsed);
+                }
+                Some(error) => {
+                    attempt += 1;
+                    debug!(%error, answered = end.answered, of = due.len(), attempt, "keepalive round failed; retrying");
+                    // Streams that may hold answers of this round are not reused; a round with no
+                    // answer at all reconnects (the members that answer may have changed).
+                    match self.connection.as_mut() {
+                        Some(c) if end.answered > 0 => c.streams.clear(),
+                        _ => self.connection = None,
                     }
-                    for (i, result) in results.iter().enumerate() {
-                        match result {
-                            Ok((ttl, _)) if ids.is_empty() || *ttl > 0 => {
-                                if !ids.is_empty() {
-                                    min_ttl = Some(min_ttl.map_or(*ttl, |m: i64| m.min(*ttl)));
-                                }
-                            }
-                            Ok(_) => {
-                                let id = ids[i];
-                                // Never wait on the worker (it may be syncing): the other
-                                // leases must be renewed this round all the same. Unsent, it is
-                                // reported again next round.
-                                if !reported_lost.contains(&id)
-                                    && !retiring.contains(&id)
-                                    && lost.try_send(KeeperSignal::LeaseLost(id)).is_ok()
-                                {
-                                    reported_lost.push(id);
-                                }
-                            }
-                            Err(e) => {
-                                debug!(error = %e, "keepalive failed");
-                                failed = true;
-                            }
-                        }
-                    }
-                    if failed {
-                        // Reconnect next round: the members that answer may have changed.
-                        client = None;
-                        stream = None;
-                        shared.update(|h| h.keepalive_failures += 1);
-                        shared.detector_evaluate();
+                    self.shared.update(|h| h.keepalive_failures += 1);
+                    if end.answered > 0 {
+                        self.shared.detector_success();
                     } else {
-                        let rtt = started.elapsed();
-                        shared.update(|h| {
-                            h.record_keepalive_rtt(rtt);
-                            h.keepalive_failures = 0;
-                            h.keepalive_last_success = Some(SystemTime::now());
-                            h.lease_ttl_reported = min_ttl;
-                        });
-                        shared.detector_success();
+                        self.shared.detector_evaluate();
                     }
-                    // Keep the interval from the start of the round, so slow answers do not
-                    // stretch it; evaluate reachability at least once a second meanwhile.
-                    let next = started + config.keepalive_interval;
-                    while tokio::time::Instant::now() < next {
-                        tokio::time::sleep_until(next.min(tokio::time::Instant::now() + Duration::from_secs(1))).await;
-                        shared.detector_evaluate();
-                    }
+                    tokio::time::sleep(retry_delay(attempt, rand::random::<f64>() * 0.5 + 0.5)).await;
                 }
             }
-            .in_current_span(),
-        );
-        Keeper { leases, task }
-    }
-}
-
-/// A keepalive request of the stream's own type (etcd-client does not name it): the protocol
-/// carries any lease id on one stream, so one stream keeps every lease of the mirror alive.
-fn request_for<T: Default>(_: &tokio::sync::mpsc::Sender<T>) -> T {
-    T::default()
-}
-
-/// One keepalive round for every lease over one multiplexed stream: (ttl, cluster id) per lease
-/// id answered (a TTL of 0 or less means the lease is gone). A failed round drops the stream.
-async fn keep_alive_round(
-    client: &mut Client,
-    stream: &mut Option<(LeaseKeeper, LeaseKeepAliveStream)>,
-    ids: &[i64],
-    timeout: Duration,
-) -> Result<HashMap<i64, (i64, u64)>, String> {
-    let round = async {
-        let mut answers: HashMap<i64, (i64, u64)> = HashMap::new();
-        // Opening the stream sends a first keepalive for one lease; a lease found gone there is
-        // an error, so the next one opens it.
-        if stream.is_none() {
-            for id in ids {
-                match client.lease_keep_alive(*id).await {
-                    Ok(pair) => {
-                        *stream = Some(pair);
-                        break;
-                    }
-                    Err(e) if is_lease_not_found(&e) => {
-                        answers.insert(*id, (0, 0));
-                    }
-                    Err(e) => return Err(e.to_string()),
-                }
-            }
-        }
-        let Some((keeper, responses)) = stream.as_mut() else { return Ok(answers) };
-        let wanted: Vec<i64> = ids.iter().copied().filter(|id| !answers.contains_key(id)).collect();
-        let send = async {
-            for id in &wanted {
-                let mut request = request_for(&keeper.sender);
-                request.id = *id;
-                keeper.sender.send(request).await.map_err(|e| format!("keepalive stream closed: {e}"))?;
-            }
-            Ok::<(), String>(())
-        };
-        // Read while sending: thousands of answers must not wait behind flow control.
-        let receive = async {
-            let mut answered = 0;
-            while answered < wanted.len() {
-                match responses.message().await {
-                    Ok(Some(resp)) => {
-                        if answers.insert(resp.id(), (resp.ttl(), cluster_of(&resp))).is_none() {
-                            answered += 1;
-                        }
-                    }
-                    Ok(None) => return Err("keepalive stream closed".to_string()),
-                    Err(e) => return Err(e.to_string()),
-                }
-            }
-            Ok(())
-        };
-        futures::future::try_join(send, receive).await?;
-        Ok(answers)
-    };
-    match tokio::time::timeout(timeout, round).await {
-        Ok(Ok(answers)) => Ok(answers),
-        Ok(Err(e)) => {
-            *stream = None;
-            Err(e)
-        }
-        Err(_) => {
-            *stream = None;
-            Err(format!("keepalive timed out after {timeout:?}"))
         }
     }
-}
 
-fn cluster_of(resp: &etcd_client::LeaseKeepAliveResponse) -> u64 {
-    resp.header().map_or(0, |h| h.cluster_id())
-}
+    /// Sleeps until `wake` or until leases join, evaluating reachability at least once a second.
+    async fn idle_until(&self, wake: Instant) {
+        while Instant::now() < wake {
+            let step = wake.min(Instant::now() + Duration::from_secs(1));
+            tokio::select! {
+                _ = tokio::time::sleep_until(tokio::time::Instant::from_std(step)) => self.shared.detector_evaluate(),
+                _ = self.joined.notified() => return,
+            }
+        }
+    }
 
-/// Lease checks in flight at once.
-const LEASE_CHECKS_IN_FLIGHT: usize = 64;
-
-/// Whether each lease is alive, checked in parallel (0 is never alive).
-pub async fn leases_alive(peer: &Client, ids: &[i64], timeout: Duration) -> anyhow::Result<Vec<bool>> {
-    let checks = futures::stream::iter(ids.iter().copied())
-        .map(|id| {
-            let mut peer = peer.clone();
+    /// Renews `due` over the streams: each stream takes a run of them.
+    async fn round(&mut self, due: &[i64], started: Instant) -> RoundEnd {
+        if self.connection.is_none() {
+            match self.peer.connect_raw(true).await {
+                Ok(raw) => {
+                    debug!(endpoints = ?raw.endpoints, on_leader = raw.on_leader, "keepalive connection");
+                    let endpoint = raw.endpoints.join(",");
+                    let on_leader = raw.on_leader;
+                    self.shared.update(|h| {
+                        h.keepalive_endpoint = Some(endpoint);
+                        h.keepalive_on_leader = on_leader;
+                    });
+                    self.connection = Some(Connection { raw, streams: Vec::new() });
+                }
+                Err(e) => return RoundEnd { answered: 0, error: Some(format!("connecting: {e}")) },
+            }
+        }
+        let connection = self.connection.as_mut().expect("just connected");
+        let runs = chunks(due, self.streams_wanted);
+        connection.streams.resize_with(runs.len(), || None);
+        let raw = connection.raw.clone();
+        let book = self.book.clone();
+        let signals = self.signals.clone();
+        let cluster = Arc::new(Mutex::new(None::<u64>));
+        let results = futures::future::join_all(connection.streams.iter_mut().zip(runs).map(|(slot, run)| {
+            let (raw, book, signals, cluster) = (raw.clone(), book.clone(), signals.clone(), cluster.clone());
             async move {
-                if id == 0 {
-                    return Ok(false);
+                let outcome = renew_on(&raw, slot, &run, started, &book, &signals, &cluster).await;
+                if outcome.is_err() {
+                    *slot = None;
                 }
-                match tokio::time::timeout(timeout, peer.lease_time_to_live(id, None)).await {
-                    Err(_) => Err(anyhow!("lease time-to-live: timed out after {:?}", timeout)),
-                    Ok(Ok(resp)) => Ok(resp.ttl() > 0),
-                    Ok(Err(e)) if is_lease_not_found(&e) => Ok(false),
-                    Ok(Err(e)) => Err(anyhow!(e).context("lease time-to-live")),
-                }
+                outcome
             }
-        })
-        .buffered(LEASE_CHECKS_IN_FLIGHT);
-    checks.collect::<Vec<_>>().await.into_iter().collect()
+        }))
+        .await;
+        let seen = *cluster.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.check_cluster(seen);
+        let answered = results.iter().map(|r| r.as_ref().map_or_else(|(n, _)| *n, |n| *n)).sum();
+        let error = results.into_iter().find_map(Result::err).map(|(_, e)| e);
+        RoundEnd { answered, error }
+    }
+
+    /// How many of `due` the peer answered since `since` (a round cut short by its deadline).
+    fn answered_since(&self, due: &[i64], since: Instant) -> usize {
+        let book = self.book();
+        due.iter().filter(|id| book.get(id).is_some_and(|k| k.answered_at.is_some_and(|t| t >= since))).count()
+    }
+
+    fn check_cluster(&mut self, seen: Option<u64>) {
+        let Some(to) = seen.filter(|c| *c != 0) else { return };
+        if let Some(from) = self.cluster.replace(to)
+            && from != to
+        {
+            let _ = self.signals.try_send(KeeperSignal::PeerChanged { from, to });
+        }
+    }
+
+    fn round_succeeded(&mut self, elapsed: Duration) {
+        let oldest = self.book().values().filter(|k| !k.lost).filter_map(|k| k.renewed_at).min();
+        let ttl_seconds = self.timing.ttl.as_secs() as i64;
+        let oldest = oldest.map(|t| SystemTime::now() - t.elapsed());
+        let streams = self.connection.as_ref().map_or(0, |c| c.streams.len());
+        let degraded = self.timing.degraded(elapsed);
+        if degraded {
+            info!(round = ?elapsed, streams, "a keepalive round took more than a third of the TTL");
+        }
+        self.shared.update(|h| {
+            h.record_keepalive_rtt(elapsed);
+            h.keepalive_failures = 0;
+            h.keepalive_last_success = oldest.or(Some(SystemTime::now()));
+            h.lease_ttl_reported = Some(ttl_seconds);
+            h.keepalive_streams = streams;
+        });
+        self.shared.detector_success();
+        // A slow round off the leader: look for the leader again next time.
+        if elapsed > self.timing.target_round() && self.connection.as_ref().is_some_and(|c| !c.raw.on_leader) {
+            self.connection = None;
+        }
+    }
+
+    /// With no lease to keep, a status call each interval keeps the round trip measured.
+    async fn round_trip_without_leases(&mut self) {
+        let started = Instant::now();
+        if self.status_client.is_none() {
+            self.status_client =
+                tokio::time::timeout(self.timing.ceiling, self.peer.connect()).await.ok().and_then(Result::ok);
+        }
+        let Some(mut client) = self.status_client.clone() else {
+            self.shared.update(|h| h.keepalive_failures += 1);
+            self.shared.detector_evaluate();
+            return;
+        };
+        match tokio::time::timeout(self.timing.ceiling, client.status()).await {
+            Ok(Ok(status)) => {
+                self.check_cluster(status.header().map(|h| h.cluster_id()));
+                let elapsed = started.elapsed();
+                self.shared.update(|h| {
+                    h.record_keepalive_rtt(elapsed);
+                    h.keepalive_failures = 0;
+                    h.keepalive_last_success = Some(SystemTime::now());
+                    h.lease_ttl_reported = None;
+                });
+                self.shared.detector_success();
+            }
+            _ => {
+                self.status_client = None;
+                self.shared.update(|h| h.keepalive_failures += 1);
+                self.shared.detector_evaluate();
+            }
+        }
+    }
+}
+
+/// Renews `run` on one stream (opened if needed), recording each answer in the book as it comes:
+/// answers of a round cut short still count. The count answered, or it with the error.
+async fn renew_on(
+    raw: &RawChannel,
+    slot: &mut Option<KeepAliveStream>,
+    run: &[i64],
+    started: Instant,
+    book: &Mutex<Book>,
+    signals: &mpsc::Sender<KeeperSignal>,
+    cluster: &Mutex<Option<u64>>,
+) -> Result<usize, (usize, String)> {
+    match slot {
+        Some(stream) => stream.send(run).map_err(|e| (0, e.message().to_string()))?,
+        None => *slot = Some(KeepAliveStream::open(raw, run).await.map_err(|e| (0, describe(&e)))?),
+    }
+    let stream = slot.as_mut().expect("opened");
+    let mut waiting: std::collections::HashSet<i64> = run.iter().copied().collect();
+    let mut answered = 0;
+    while !waiting.is_empty() {
+        let answer = match stream.answer().await {
+            Ok(Some(answer)) => answer,
+            Ok(None) => return Err((answered, "the peer closed the keepalive stream".into())),
+            Err(e) => return Err((answered, describe(&e))),
+        };
+        if !waiting.remove(&answer.id) {
+            continue;
+        }
+        answered += 1;
+        if let Some(h) = &answer.header {
+            *cluster.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(h.cluster_id);
+        }
+        let now = Instant::now();
+        let mut book = book.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(kept) = book.get_mut(&answer.id) else { continue };
+        kept.answered_at = Some(now);
+        if answer.ttl > 0 {
+            kept.renewed_at = Some(kept.renewed_at.map_or(started, |t| t.max(started)));
+        } else {
+            kept.lost = true;
+            report_lost(answer.id, kept, signals);
+        }
+    }
+    Ok(answered)
+}
+
+/// Tells the worker a lease is gone, once; never waits on it (it may be syncing): a signal that
+/// does not fit now is sent at the next round. A retiring lease is expected to go.
+fn report_lost(id: i64, kept: &mut Kept, signals: &mpsc::Sender<KeeperSignal>) {
+    if !kept.reported && !kept.retiring && signals.try_send(KeeperSignal::LeaseLost(id)).is_ok() {
+        kept.reported = true;
+    }
+}
+
+fn describe(status: &tonic::Status) -> String {
+    format!("{:?}: {}", status.code(), status.message())
+}
+
+/// Whether any of `ids` is alive on the peer (asked one at a time, up to the first alive one);
+/// None when the peer did not answer.
+pub async fn any_lease_alive(peer: &etcd_client::Client, ids: &[i64], timeout: Duration) -> Option<bool> {
+    for id in ids.iter().filter(|id| **id != 0) {
+        match tokio::time::timeout(timeout, peer.clone().lease_time_to_live(*id, None)).await {
+            Ok(Ok(resp)) if resp.ttl() > 0 => return Some(true),
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) if is_lease_not_found(&e) => {}
+            _ => return None,
+        }
+    }
+    Some(false)
 }

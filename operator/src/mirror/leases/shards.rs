@@ -107,17 +107,48 @@ impl Layout {
         0 // not reached for a layout that covers the key space, as every layout here does
     }
 
+    /// How many hash bits decide whether a key is in `shard`.
+    pub fn depth(&self, shard: usize) -> u8 {
+        self.slots.get(shard).map_or(0, |s| s.depth)
+    }
+
     /// Splits `shard` in two: it keeps the keys whose next hash bit is 0; the new shard,
-    /// appended (its index returned), takes the others.
-    pub fn split(&mut self, shard: usize) -> usize {
-        let Slot { depth, index } = self.slots[shard];
+    /// appended (its index returned), takes the others. None when the shard is at [`MAX_DEPTH`].
+    pub fn split(&mut self, shard: usize) -> Option<usize> {
+        let Slot { depth, index } = *self.slots.get(shard)?;
+        if depth >= MAX_DEPTH {
+            return None;
+        }
         let mut slots = self.slots.clone();
         slots[shard] = Slot { depth: depth + 1, index };
         slots.push(Slot { depth: depth + 1, index: index | (1u64 << depth) });
         *self = Layout::from_slots(slots);
-        self.slots.len() - 1
+        Some(self.slots.len() - 1)
+    }
+
+    /// Whether `slots` split the key space exactly: each a valid index at a depth up to
+    /// [`MAX_DEPTH`], none inside another, together covering all of it. A recorded layout that
+    /// does not would place keys on shards that do not exist.
+    pub fn partitions(slots: &[Slot]) -> bool {
+        if slots.is_empty() || slots.iter().any(|s| s.depth > MAX_DEPTH || s.index > mask(s.depth)) {
+            return false;
+        }
+        let covered: u128 = slots.iter().map(|s| 1u128 << (MAX_DEPTH - s.depth)).sum();
+        let set: std::collections::HashSet<Slot> = slots.iter().copied().collect();
+        if covered != 1u128 << MAX_DEPTH || set.len() != slots.len() {
+            return false;
+        }
+        let depths: std::collections::BTreeSet<u8> = slots.iter().map(|s| s.depth).collect();
+        slots
+            .iter()
+            .all(|s| depths.range(..s.depth).all(|d| !set.contains(&Slot { depth: *d, index: s.index & mask(*d) })))
     }
 }
+
+/// The deepest a shard splits: 2^40 shards is far past any subtree. A shard still past the cap
+/// there holds keys whose hashes agree on 40 bits, which no split separates; it is reported, not
+/// split.
+pub const MAX_DEPTH: u8 = 40;
 
 fn mask(depth: u8) -> u64 {
     if depth >= 64 { u64::MAX } else { (1u64 << depth) - 1 }
@@ -128,9 +159,9 @@ fn key_hash(key: &[u8]) -> u64 {
     key.iter().fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3))
 }
 
-/// The first shard holding more keys than the cap: the one to split.
-pub fn overfull_shard(keys_per_shard: &[i64], max_keys_per_lease: u64) -> Option<usize> {
-    keys_per_shard.iter().position(|n| *n > 0 && *n as u64 > max_keys_per_lease)
+/// The shards holding more keys than the cap, in order: the first that can split is split.
+pub fn overfull_shards(keys_per_shard: &[i64], max_keys_per_lease: u64) -> impl Iterator<Item = usize> + '_ {
+    keys_per_shard.iter().enumerate().filter(move |(_, n)| **n > 0 && **n as u64 > max_keys_per_lease).map(|(i, _)| i)
 }
 
 #[cfg(test)]
@@ -165,7 +196,7 @@ mod tests {
         let mut layout = Layout::uniform(4);
         let before: Vec<usize> = (0..20_000).map(|i| layout.shard_of(&endpoint(i))).collect();
         let new = layout.split(2);
-        assert_eq!(new, 4);
+        assert_eq!(new, Some(4));
         assert!(!layout.is_uniform());
         let mut moved = 0;
         for (i, old) in before.iter().enumerate() {
@@ -198,7 +229,7 @@ mod tests {
             for k in &keys {
                 counts[layout.shard_of(k)] += 1;
             }
-            match overfull_shard(&counts, cap as u64) {
+            match overfull_shards(&counts, cap as u64).next() {
                 Some(shard) => {
                     layout.split(shard);
                 }
@@ -209,6 +240,38 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_shard_splits_down_to_the_deepest_depth_and_no_further() {
+        let mut layout = Layout::uniform(1);
+        let mut shard = 0;
+        for _ in 0..MAX_DEPTH {
+            layout.split(shard).expect("splits");
+            shard = 0;
+        }
+        assert_eq!(layout.depth(0), MAX_DEPTH);
+        assert_eq!(layout.split(0), None, "no deeper than MAX_DEPTH, and no overflow");
+        assert!(Layout::partitions(layout.slots()));
+        assert!(layout.shard_of(b"/aether/v1/regions/a/x") < layout.len());
+    }
+
+    #[test]
+    fn only_layouts_that_split_the_key_space_exactly_are_accepted() {
+        let mut layout = Layout::uniform(4);
+        layout.split(1);
+        layout.split(4);
+        assert!(Layout::partitions(layout.slots()));
+        assert!(Layout::partitions(Layout::uniform(8).slots()));
+        let slot = |depth, index| Slot { depth, index };
+        assert!(!Layout::partitions(&[]), "nothing covered");
+        assert!(!Layout::partitions(&[slot(1, 0)]), "half covered");
+        assert!(!Layout::partitions(&[slot(1, 0), slot(1, 1), slot(2, 1)]), "overlapping");
+        assert!(!Layout::partitions(&[slot(1, 0), slot(1, 2)]), "an index past its depth");
+        assert!(!Layout::partitions(&[slot(0, 0), slot(0, 0)]), "twice");
+        assert!(!Layout::partitions(&[slot(200, 0)]), "past the deepest depth");
+        // Covering all of it by measure, with one slot inside another and a hole.
+        assert!(!Layout::partitions(&[slot(1, 0), slot(2, 0), slot(2, 1)]), "inside another");
     }
 
     #[test]
@@ -239,6 +302,7 @@ mod tests {
     fn the_watch_trigger_and_the_sync_rule_agree() {
         // An overfull shard makes the watch ask for a reshard, and the sync then reshards.
         assert!(overfull(&[1001, 10], 1000));
+        assert_eq!(overfull_shards(&[10, 1001, 5, 2000], 1000).collect::<Vec<_>>(), vec![1, 3]);
         assert!(needs_reshard(2, &[1001, 10], 1011, 1000));
         // Growing past half the capacity alone does not reshard in the watch.
         assert!(!overfull(&[600, 600], 1000));

@@ -8,6 +8,10 @@
 //!
 //! A new leader adopts the leases and resumes from them instead of re-putting every key.
 //!
+//! Every record carries the format it was written in ([`RECORD_FORMAT`]; records without one are
+//! of format 1, the first released). A record of a newer format than this version knows reads as
+//! no record: the worker then resyncs under new leases rather than misread it.
+//!
 //! A layout of more than [`SHARDS_PER_PART`] shards is kept in parts beside the checkpoint record
 //! ([`plan_write`]): at the least-privilege cap of 64 keys a lease, 1M keys make 32,768 shards and
 //! 1.6 MB of layout, past etcd's default 1.5 MiB request, and every split would rewrite all of it.
@@ -54,15 +58,63 @@ pub struct PartsRef {
     pub count: usize,
 }
 
+/// The format of the records this version writes.
+pub const RECORD_FORMAT: u32 = 2;
+
+/// A record as written: its format first, then its fields.
+#[derive(Serialize)]
+struct Versioned<'a, T: Serialize> {
+    format: u32,
+    #[serde(flatten)]
+    record: &'a T,
+}
+
+/// The format a record says it is in (1 when it says none).
+#[derive(Deserialize)]
+struct FormatOf {
+    #[serde(default = "first_format")]
+    format: u32,
+}
+
+fn first_format() -> u32 {
+    1
+}
+
+/// Decodes a record of a format this version knows; anything else reads as none.
+fn decode_known<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Option<T> {
+    let FormatOf { format } = serde_json::from_slice(bytes).ok()?;
+    if format > RECORD_FORMAT {
+        return None;
+    }
+    serde_json::from_slice(bytes).ok()
+}
+
+fn encode_current<T: Serialize>(record: &T) -> Vec<u8> {
+    serde_json::to_vec(&Versioned { format: RECORD_FORMAT, record }).expect("a record always serializes")
+}
+
 impl Checkpoint {
     pub fn encode(&self) -> Vec<u8> {
-        serde_json::to_vec(self).expect("a checkpoint always serializes")
+        encode_current(self)
     }
 
-    /// Decodes a checkpoint; a value that is not one reads as none, so that a damaged key leads to
-    /// a full resync rather than a stuck worker.
+    /// Decodes a checkpoint; a value that is not one (damaged, of a newer format, or a layout that
+    /// does not line up) reads as none, so that it leads to a full resync rather than a stuck or
+    /// misplacing worker.
     pub fn decode(bytes: &[u8]) -> Option<Checkpoint> {
-        serde_json::from_slice(bytes).ok()
+        decode_known::<Checkpoint>(bytes).filter(|c| c.parts.is_some() || c.is_consistent())
+    }
+
+    /// Whether the layout lines up: a count per lease, and either a power-of-two number of
+    /// uniform shards or slots that split the key space among the leases exactly.
+    pub fn is_consistent(&self) -> bool {
+        let counts = self.keys.is_empty() || self.keys.len() == self.leases.len();
+        let layout = if self.slots.is_empty() {
+            self.leases.is_empty() || self.leases.len().is_power_of_two()
+        } else {
+            self.slots.len() == self.leases.len() && crate::mirror::leases::shards::Layout::partitions(&self.slots)
+        };
+        counts && layout
     }
 
     pub fn total_keys(&self) -> i64 {
@@ -92,7 +144,7 @@ impl Checkpoint {
             }
             self.slots.extend(part.slots);
         }
-        Some(self)
+        self.is_consistent().then_some(self)
     }
 }
 
@@ -310,19 +362,24 @@ pub struct Progress {
 #[derive(Serialize)]
 struct OrderedProgress<'a> {
     rev: String,
+    format: u32,
     owner: &'a str,
     revision: i64,
 }
 
 impl Progress {
     pub fn encode(&self) -> Vec<u8> {
-        let ordered =
-            OrderedProgress { rev: format!("{:020}", self.revision), owner: &self.owner, revision: self.revision };
+        let ordered = OrderedProgress {
+            rev: format!("{:020}", self.revision),
+            format: RECORD_FORMAT,
+            owner: &self.owner,
+            revision: self.revision,
+        };
         serde_json::to_vec(&ordered).expect("progress always serializes")
     }
 
     pub fn decode(bytes: &[u8]) -> Option<Progress> {
-        serde_json::from_slice(bytes).ok()
+        decode_known(bytes)
     }
 }
 
@@ -337,11 +394,19 @@ pub struct Owner {
     /// is an old one brought back by a restore of the peer, not a successor.
     #[serde(default)]
     pub generation: u64,
+    /// A tombstone: the RegionPeering was deleted and its mirror retired from this peer. A
+    /// worker that owned the mirror before never takes it back; only a new one may.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub retired: bool,
 }
 
 impl Owner {
+    pub fn encode(&self) -> Vec<u8> {
+        encode_current(self)
+    }
+
     pub fn decode(bytes: &[u8]) -> Option<Owner> {
-        serde_json::from_slice(bytes).ok()
+        decode_known(bytes)
     }
 }
 

@@ -30,6 +30,9 @@ pub enum OwnerDecision {
     Take { generation: u64, restored: bool },
     /// Someone else owns the mirror now.
     Fenced { by: String },
+    /// The mirror was retired from the peer (its RegionPeering deleted) after this worker owned
+    /// it: it never takes it back.
+    Retired { by: String },
 }
 
 /// Whether to take (or keep) ownership in a new session.
@@ -40,6 +43,11 @@ pub fn decide_ownership(me: &str, mine: &Ownership, record: Option<&OwnerRecord>
     };
     let theirs = record.owner.as_ref();
     let generation = theirs.map_or(0, |o| o.generation);
+    if let Some(tombstone) = theirs.filter(|o| o.retired)
+        && mine.epoch.is_some()
+    {
+        return OwnerDecision::Retired { by: tombstone.owner.clone() };
+    }
     if mine.epoch == Some(record.mod_revision) {
         return OwnerDecision::Take { generation: mine.generation, restored: false };
     }
@@ -79,24 +87,27 @@ pub struct Resume {
     pub resync: Option<ResyncCause>,
 }
 
-/// Resumes from the peer's records. `alive[i]` says whether `checkpoint.leases[i]` is alive,
-/// `retiring_alive[i]` the same for `checkpoint.retiring[i]`. `pending` is a resync this worker
-/// still owes (one cut short).
+/// Resumes from the peer's records. `alive[i]` says whether `checkpoint.leases[i]` is alive;
+/// `retiring` are the leases that may hold keys outside the layout (the checkpoint's retiring
+/// ones, or the leases of the peer's keys when there is no checkpoint), each with whether it is
+/// alive. `pending` is a resync this worker still owes (one cut short).
 pub fn decide_resume(
     checkpoint: Option<&Checkpoint>,
     progress: Option<&Progress>,
     alive: &[bool],
-    retiring_alive: &[bool],
+    retiring: &[(i64, bool)],
     origin: OriginStatus,
     pending: Option<ResyncCause>,
 ) -> Resume {
     let initial = pending.unwrap_or(ResyncCause::Initial);
+    // Kept alive until a sync has moved their keys, and recorded so that a successor does too.
+    let retiring: Vec<i64> = retiring.iter().filter(|(_, alive)| *alive).map(|(id, _)| *id).collect();
     let Some(cp) = checkpoint.filter(|cp| !cp.leases.is_empty()) else {
         return Resume {
             leases: Vec::new(),
             slots: Vec::new(),
             keys: Vec::new(),
-            retiring: Vec::new(),
+            retiring,
             applied: 0,
             resync: Some(initial),
         };
@@ -108,13 +119,6 @@ pub fn decide_resume(
         .map(|(id, a)| if *a { *id } else { 0 })
         .collect();
     let keys = if cp.keys.len() == leases.len() { cp.keys.clone() } else { vec![0; leases.len()] };
-    let retiring: Vec<i64> = cp
-        .retiring
-        .iter()
-        .zip(retiring_alive.iter().chain(std::iter::repeat(&false)))
-        .filter(|(_, a)| **a)
-        .map(|(id, _)| *id)
-        .collect();
     let recorded = progress.map_or(cp.revision, |p| p.revision.max(cp.revision));
     let origin_changed =
         (cp.origin_cluster_id != 0 && cp.origin_cluster_id != origin.cluster_id) || origin.revision < recorded;
@@ -142,7 +146,7 @@ mod tests {
     use super::*;
 
     fn owner(name: &str, generation: u64) -> Option<Owner> {
-        Some(Owner { owner: name.into(), acquired_at: "t".into(), generation })
+        Some(Owner { owner: name.into(), acquired_at: "t".into(), generation, retired: false })
     }
 
     fn record(mod_revision: i64, name: &str, generation: u64) -> OwnerRecord {
@@ -187,6 +191,23 @@ mod tests {
         assert_eq!(decide_ownership("me", &mine, None), OwnerDecision::Take { generation: 8, restored: true });
         let garbage = OwnerRecord { mod_revision: 9, owner: None };
         assert!(matches!(decide_ownership("me", &mine, Some(&garbage)), OwnerDecision::Fenced { .. }));
+    }
+
+    #[test]
+    fn a_tombstone_stops_a_worker_that_owned_the_mirror_and_yields_to_a_new_one() {
+        let tombstone = OwnerRecord {
+            mod_revision: 9,
+            owner: Some(Owner { owner: "retired".into(), acquired_at: "t".into(), generation: 4, retired: true }),
+        };
+        let standing_by = Ownership { epoch: Some(5), generation: 3, take_over: true };
+        assert_eq!(
+            decide_ownership("me", &standing_by, Some(&tombstone)),
+            OwnerDecision::Retired { by: "retired".into() }
+        );
+        assert_eq!(
+            decide_ownership("new", &Ownership::default(), Some(&tombstone)),
+            OwnerDecision::Take { generation: 5, restored: false }
+        );
     }
 
     #[test]
@@ -254,7 +275,10 @@ mod tests {
     fn only_live_retiring_leases_are_kept() {
         let mut c = cp(40, vec![11], true, 7);
         c.retiring = vec![5, 6];
-        let r = decide_resume(Some(&c), None, &[true], &[false, true], ORIGIN, None);
+        let r = decide_resume(Some(&c), None, &[true], &[(5, false), (6, true)], ORIGIN, None);
         assert_eq!(r.retiring, vec![6]);
+        // Without a checkpoint, the live leases the peer's keys are on are kept as retiring.
+        let r = decide_resume(None, None, &[], &[(8, true), (9, false)], ORIGIN, None);
+        assert_eq!((r.retiring, r.resync), (vec![8], Some(ResyncCause::Initial)));
     }
 }

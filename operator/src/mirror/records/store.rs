@@ -13,6 +13,8 @@ pub struct Records {
     /// How the peer stores the checkpoint (whole or in parts).
     pub stored: Stored,
     pub progress: Option<Progress>,
+    /// The peer's revision when they were read.
+    pub revision: i64,
 }
 
 /// The owner, checkpoint and progress records, read at one revision.
@@ -37,6 +39,7 @@ pub async fn read_records(peer: &Client, origin: &str) -> Result<Records, etcd_c
         checkpoint,
         stored,
         progress: progress.and_then(|(_, v)| Progress::decode(&v)),
+        revision,
     })
 }
 

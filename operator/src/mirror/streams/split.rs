@@ -2,25 +2,29 @@
 //! `shards::Layout`): it keeps its lease and the keys whose next hash bit is 0; a new lease takes
 //! the others. Each step's IO runs while the watch goes on applying:
 //!
-//! 1. grant the new lease;
+//! 1. grant the new lease (kept alive from then on);
 //! 2. record the new layout in the checkpoint; only then do writes use the new lease (a successor
 //!    must know every lease that may hold keys);
-//! 3. once the batch in flight at that moment has landed, list the old lease's keys that now
-//!    belong to the new shard;
-//! 4. move them a batch at a time: read them from the peer, re-put each under its new lease in a
-//!    Txn that compares the owner's epoch and each key's mod revision, so a batch that lost a race
-//!    with the watch changes nothing and is read again;
-//! 5. recount both leases and record the counts.
+//! 3. once the batch in flight at that moment has landed, list the old lease's keys: every one
+//!    the layout places elsewhere moves, to whichever shard it belongs to, so that keys an
+//!    earlier split cut short left behind move now too;
+//! 4. move them a batch at a time: read them from the peer, re-put each under its shard's lease in
+//!    a Txn that compares the owner's epoch and each key's mod revision, so a batch that lost a
+//!    race with the watch changes nothing and is read again;
+//! 5. count the keys on every lease that took part (by lease membership) and record the counts.
 //!
-//! A worker that dies mid-split leaves every key on a live, recorded lease; the successor places
-//! new writes by the recorded layout and continuous verification moves what is left.
+//! A worker that dies anywhere in a split leaves every key on a live, recorded lease, and the
+//! checkpoint still counts the keys the old lease carries: the shard stays over the cap, so the
+//! successor splits it again, and that split moves what the first left behind. Listings are
+//! decoded up to the KV client's limit (`leases::rpc`), past the lease client's 4 MiB.
 use crate::keys;
 use crate::mirror::context::{State, Worker};
+use crate::mirror::leases::rpc::lease_keys;
 use crate::mirror::leases::shards::Layout;
 use crate::mirror::plan::{MirrorOp, Revision, TxnLimits};
 use crate::mirror::streams::apply::Applied;
-use etcd_client::{Client, Compare, CompareOp, LeaseTimeToLiveOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
-use std::collections::VecDeque;
+use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
+use std::collections::{BTreeSet, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
@@ -30,7 +34,8 @@ type StepFuture = Pin<Box<dyn Future<Output = anyhow::Result<StepDone>> + Send>>
 
 /// What a step's IO found.
 pub(in crate::mirror) enum StepDone {
-    Granted(i64),
+    /// The new lease, and when it was asked for.
+    Granted(i64, std::time::Instant),
     Recorded(Applied),
     Listed(Vec<Vec<u8>>),
     /// Keys moved; keys to read again (a race with the watch, or past the batch's bytes).
@@ -38,7 +43,8 @@ pub(in crate::mirror) enum StepDone {
         again: Vec<Vec<u8>>,
     },
     Fenced(String),
-    Counted(i64, i64),
+    /// Keys on each counted shard's lease.
+    Counted(Vec<(usize, i64)>),
 }
 
 enum Stage {
@@ -60,6 +66,9 @@ enum Stage {
 pub(in crate::mirror) struct Split {
     from: usize,
     to: usize,
+    /// Every shard whose lease took keys in this split (`to`, and those of keys an earlier split
+    /// left behind): their leases are counted at the end.
+    touched: BTreeSet<usize>,
     stage: Stage,
     step: Option<StepFuture>,
 }
@@ -110,6 +119,19 @@ pub(in crate::mirror) fn retarget<'a>(
     }
 }
 
+/// The keys on `lease`, listed through a raw channel that decodes past 4 MiB (none when the lease
+/// is gone).
+async fn list_lease(target: &crate::mirror::EtcdTarget, lease: i64, timeout: Duration) -> anyhow::Result<Vec<Vec<u8>>> {
+    let listing = async {
+        let raw = target.connect_raw(false).await.map_err(|e| anyhow::anyhow!("connecting to list a lease: {e}"))?;
+        lease_keys(&raw, lease).await.map_err(|e| anyhow::anyhow!("listing the keys of lease {lease}: {}", e.message()))
+    };
+    match tokio::time::timeout(timeout, listing).await {
+        Err(_) => anyhow::bail!("listing the keys of lease {lease}: timed out after {timeout:?}"),
+        Ok(listed) => Ok(listed?.unwrap_or_default()),
+    }
+}
+
 async fn bounded<T>(
     timeout: Duration,
     what: &str,
@@ -122,13 +144,15 @@ async fn bounded<T>(
 }
 
 impl Worker {
-    /// Starts splitting `shard`: grants the new lease.
+    /// Starts splitting `shard` (one that can still split): grants the new lease.
     pub(in crate::mirror) fn start_split(&self, peer: &Client, shard: usize) -> Split {
         let (mut peer, ttl, timeout) = (peer.clone(), self.config.lease_ttl_seconds, self.config.rpc_timeout);
         let step: StepFuture = Box::pin(async move {
-            Ok(StepDone::Granted(bounded(timeout, "grant lease", peer.lease_grant(ttl, None)).await?.id()))
+            let asked = std::time::Instant::now();
+            let granted = bounded(timeout, "grant lease", peer.lease_grant(ttl, None)).await?;
+            Ok(StepDone::Granted(granted.id(), asked))
         });
-        Split { from: shard, to: 0, stage: Stage::Granting, step: Some(step) }
+        Split { from: shard, to: 0, touched: BTreeSet::new(), stage: Stage::Granting, step: Some(step) }
     }
 
     /// Takes a step's outcome and moves the split on. Returns what the watch does, and whether
@@ -140,7 +164,6 @@ impl Worker {
         peer: &Client,
         state: &mut State,
         epoch: i64,
-        lost_tx: &tokio::sync::mpsc::Sender<crate::mirror::leases::keeper::KeeperSignal>,
     ) -> anyhow::Result<(Advance, bool)> {
         task.step = None;
         let stage = std::mem::replace(&mut task.stage, Stage::Granting);
@@ -148,10 +171,13 @@ impl Worker {
             (_, StepDone::Fenced(by)) | (_, StepDone::Recorded(Applied::Fenced(by))) => {
                 return Ok((Advance::Fenced(by), false));
             }
-            (Stage::Granting, StepDone::Granted(lease)) => {
+            (Stage::Granting, StepDone::Granted(lease, asked)) => {
+                self.keeper.granted(lease, asked);
                 // Recorded before any write uses it: a successor keeps every lease that may hold keys.
                 let mut layout = state.layout.clone();
-                task.to = layout.split(task.from);
+                task.to = layout
+                    .split(task.from)
+                    .ok_or_else(|| anyhow::anyhow!("lease shard {} cannot split any deeper", task.from))?;
                 let mut leases = state.leases.clone();
                 leases.push(lease);
                 let mut keys = state.recorded_keys.clone();
@@ -167,7 +193,7 @@ impl Worker {
                 state.layout = layout;
                 state.leases.push(lease);
                 state.keys.push(0);
-                self.ensure_keeper(state, lost_tx);
+                self.keep_alive(state);
                 info!(
                     shard = task.from,
                     new_shard = task.to,
@@ -184,26 +210,33 @@ impl Worker {
                 return Ok((Advance::Going, true));
             }
             (Stage::Listing, StepDone::Listed(listed)) => {
+                // Every key of the old lease that the layout places elsewhere moves: the new
+                // shard's, and any an earlier split cut short left behind.
                 let subtree = keys::region_prefix(&self.config.origin);
-                let moving: VecDeque<Vec<u8>> = listed
-                    .into_iter()
-                    .filter(|k| k.starts_with(subtree.as_bytes()) && state.layout.shard_of(k) == task.to)
-                    .collect();
-                let n = moving.len() as i64;
-                state.keys[task.from] = (state.keys[task.from] - n).max(0);
-                state.keys[task.to] += n;
+                let mut moving = VecDeque::new();
+                for key in listed.into_iter().filter(|k| k.starts_with(subtree.as_bytes())) {
+                    let shard = state.layout.shard_of(&key);
+                    if shard != task.from {
+                        state.keys[task.from] = (state.keys[task.from] - 1).max(0);
+                        state.keys[shard] += 1;
+                        task.touched.insert(shard);
+                        moving.push_back(key);
+                    }
+                }
+                task.touched.insert(task.to);
                 task.stage = Stage::Moving(moving);
             }
             (Stage::Moving(mut moving), StepDone::Moved { again }) => {
                 moving.extend(again);
                 task.stage = Stage::Moving(moving);
             }
-            (Stage::Counting, StepDone::Counted(from, to)) => {
-                state.keys[task.from] = from;
-                state.keys[task.to] = to;
+            (Stage::Counting, StepDone::Counted(counts)) => {
                 let mut recorded = state.recorded_keys.clone();
                 recorded.resize(state.leases.len(), 0);
-                (recorded[task.from], recorded[task.to]) = (from, to);
+                for (shard, count) in counts {
+                    state.keys[shard] = count;
+                    recorded[shard] = count;
+                }
                 let record = self.checkpoint_for(state, &state.layout, &state.leases, &recorded, state.applied, true);
                 let write = self.checkpoint_write(state, &record);
                 let apply = self.apply_checkpoint(peer, epoch, write, Vec::new());
@@ -237,27 +270,27 @@ impl Worker {
             // A batch sent before the layout changed may still put a key of the new shard on the
             // old lease: list the old lease once it has landed.
             Stage::ToList if !batch_in_flight => {
-                let (mut peer, lease) = (peer.clone(), state.leases[task.from]);
+                let (target, lease) = (self.peer.clone(), state.leases[task.from]);
                 task.step = Some(Box::pin(async move {
-                    let options = LeaseTimeToLiveOptions::new().with_keys();
-                    let listed =
-                        bounded(timeout, "list a lease's keys", peer.lease_time_to_live(lease, Some(options))).await?;
-                    Ok(StepDone::Listed(listed.keys().to_vec()))
+                    let listed = list_lease(&target, lease, timeout).await?;
+                    Ok(StepDone::Listed(listed))
                 }));
                 task.stage = Stage::Listing;
             }
             Stage::Moving(moving) if moving.is_empty() => {
-                let (mut peer, from, to) = (peer.clone(), state.leases[task.from], state.leases[task.to]);
+                let target = self.peer.clone();
+                let shards: Vec<(usize, i64)> = std::iter::once(task.from)
+                    .chain(task.touched.iter().copied())
+                    .map(|shard| (shard, state.leases[shard]))
+                    .collect();
                 task.step = Some(Box::pin(async move {
-                    let mut counts = [0i64; 2];
-                    for (count, lease) in counts.iter_mut().zip([from, to]) {
-                        let options = LeaseTimeToLiveOptions::new().with_keys();
-                        let listed =
-                            bounded(timeout, "count a lease's keys", peer.lease_time_to_live(lease, Some(options)))
-                                .await?;
-                        *count = listed.keys().iter().filter(|k| k.starts_with(subtree.as_bytes())).count() as i64;
+                    let mut counts = Vec::with_capacity(shards.len());
+                    for (shard, lease) in shards {
+                        let listed = list_lease(&target, lease, timeout).await?;
+                        counts
+                            .push((shard, listed.iter().filter(|k| k.starts_with(subtree.as_bytes())).count() as i64));
                     }
-                    Ok(StepDone::Counted(counts[0], counts[1]))
+                    Ok(StepDone::Counted(counts))
                 }));
                 task.stage = Stage::Counting;
             }

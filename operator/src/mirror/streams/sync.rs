@@ -9,7 +9,6 @@
 use crate::keys;
 use crate::mirror::context::{State, Worker};
 use crate::mirror::health::{MirrorEvent, Phase, ResyncCause};
-use crate::mirror::leases::keeper::KeeperSignal;
 use crate::mirror::leases::shards::{Layout, needs_reshard, shard_count};
 use crate::mirror::plan::{
     Kv, MAX_SYNC_INFLIGHT_BYTES, MirrorOp, SYNC_GROUP_BYTES, SyncBatcher, distance, enforce_request_limit,
@@ -22,8 +21,10 @@ use etcd_client::{Client, GetOptions, GetResponse, PutOptions, TxnOp};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use std::collections::VecDeque;
-use tokio::sync::mpsc;
 use tracing::{info, warn};
+
+/// Lease grants in flight at once when a sync lays out its leases.
+const GRANTS_IN_FLIGHT: usize = 128;
 
 /// Room kept in every request for the bookkeeping puts and framing.
 pub(in crate::mirror) const RESERVED_REQUEST_BYTES: usize = 64 * 1024;
@@ -37,7 +38,6 @@ impl Worker {
         state: &mut State,
         cause: ResyncCause,
         origin_cluster_id: u64,
-        lost_tx: &mpsc::Sender<KeeperSignal>,
     ) -> anyhow::Result<Option<String>> {
         let phase = if cause == ResyncCause::Initial { Phase::Syncing } else { Phase::Resyncing };
         self.shared.update(|h| {
@@ -74,17 +74,22 @@ impl Worker {
         if state.layout.len() != state.leases.len() {
             state.layout = Layout::uniform(state.leases.len());
         }
-        // Grant the missing leases together: one round trip, not one per shard.
+        // Grant the missing leases many at a time, not one round trip each, but not all at once
+        // either: 16k grants at once through a follower each outlive the RPC deadline.
         let missing: Vec<usize> = (0..state.leases.len()).filter(|s| state.leases[*s] == 0).collect();
-        let granted = futures::future::try_join_all(missing.iter().map(|shard| {
-            let mut peer = peer.clone();
-            async move { self.grant(&mut peer, *shard).await }
-        }))
-        .await?;
-        for (shard, lease) in missing.into_iter().zip(granted) {
+        let mut grants = futures::stream::iter(missing)
+            .map(|shard| {
+                let mut peer = peer.clone();
+                async move { self.grant(&mut peer, shard).await.map(|granted| (shard, granted)) }
+            })
+            .buffer_unordered(GRANTS_IN_FLIGHT);
+        while let Some(granted) = grants.next().await {
+            let (shard, (lease, at)) = granted?;
+            self.keeper.granted(lease, at);
             state.leases[shard] = lease;
         }
-        self.ensure_keeper(state, lost_tx);
+        drop(grants);
+        self.keep_alive(state);
         // Record the layout, not synced, before any key moves: a successor taking over mid-sync
         // keeps every lease that may hold keys alive, and syncs again. The canary says so too.
         let canary = serde_json::json!({"synced": false, "cause": cause.as_str()});
@@ -233,7 +238,7 @@ impl Worker {
         self.shared.emit(MirrorEvent::Synced { revision, keys: total_keys });
         info!(revision, keys = total_keys, "peer holds the complete snapshot; canary written");
         if retired {
-            self.ensure_keeper(state, lost_tx);
+            self.keep_alive(state);
         }
         Ok(None)
     }
@@ -288,11 +293,13 @@ impl Worker {
         distance(peer_best, local_best)
     }
 
-    async fn grant(&self, peer: &mut Client, shard: usize) -> anyhow::Result<i64> {
+    /// Grants a lease for `shard`; its id, and when it was asked for (its TTL runs from then).
+    async fn grant(&self, peer: &mut Client, shard: usize) -> anyhow::Result<(i64, std::time::Instant)> {
+        let asked = std::time::Instant::now();
         let resp = self.rpc("grant lease", peer.lease_grant(self.config.lease_ttl_seconds, None)).await?;
         info!(lease = resp.id(), shard, "lease granted");
         self.shared.emit(MirrorEvent::LeaseGranted { lease: resp.id(), shard });
-        Ok(resp.id())
+        Ok((resp.id(), asked))
     }
 
     /// The canary put, on the first shard's lease: it lapses with the mirror.

@@ -13,7 +13,7 @@ use crate::keys;
 use crate::mirror::context::{State, Worker};
 use crate::mirror::health::{MirrorEvent, Phase, ResyncCause};
 use crate::mirror::leases::keeper::KeeperSignal;
-use crate::mirror::leases::shards::overfull_shard;
+use crate::mirror::leases::shards::{MAX_DEPTH, overfull_shards};
 use crate::mirror::plan::{
     MAX_WATCH_INFLIGHT_BYTES, MirrorOp, Revision, SyncBatcher, WatchBatch, enforce_request_limit, next_watch_batch,
     verify_overdue, watch_depth, watch_linger,
@@ -29,7 +29,7 @@ use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::{Notify, mpsc};
-use tracing::warn;
+use tracing::{debug, warn};
 
 /// How a watch ended without an error.
 pub(in crate::mirror) enum WatchEnd {
@@ -117,7 +117,6 @@ impl Worker {
         local: &mut Client,
         peer: &mut Client,
         state: &mut State,
-        lost_tx: &mpsc::Sender<KeeperSignal>,
         lost_rx: &mut mpsc::Receiver<KeeperSignal>,
         backoff: &mut crate::mirror::backoff::Backoff,
     ) -> anyhow::Result<WatchEnd> {
@@ -209,6 +208,9 @@ impl Worker {
                             pending_bytes -= meta.bytes;
                             for (shard, delta) in meta.deltas {
                                 state.keys[shard] = (state.keys[shard] + delta).max(0);
+                                if delta != 0 && state.count_drifted(shard) {
+                                    state.drifted.insert(shard);
+                                }
                             }
                         }
                     }
@@ -312,7 +314,7 @@ impl Worker {
                 _ = verify_ticker.tick(), if verifying => verify_due = true,
                 done = async { splitting.as_mut().expect("guarded").step().await }, if splitting.as_ref().is_some_and(Split::running) => {
                     let task = splitting.as_mut().expect("guarded");
-                    match self.advance_split(task, done?, peer, state, epoch, lost_tx)? {
+                    match self.advance_split(task, done?, peer, state, epoch)? {
                         (Advance::Fenced(by), _) => return Ok(WatchEnd::Fenced(by)),
                         (Advance::Done, _) => splitting = None,
                         (Advance::Going, true) => {
@@ -379,12 +381,18 @@ impl Worker {
                     return Ok(WatchEnd::Fenced(by));
                 }
             }
-            // A shard past the cap splits, online, beside the watch.
-            if splitting.is_none()
-                && split == 0
-                && let Some(shard) = overfull_shard(&state.keys, state.lease_cap.max(1))
-            {
-                splitting = Some(self.start_split(peer, shard));
+            // A shard past the cap splits, online, beside the watch; otherwise counts that
+            // drifted from the checkpoint's are recorded, so that a successor starts from them.
+            if splitting.is_none() && split == 0 {
+                match self.shard_to_split(state) {
+                    Some(shard) => splitting = Some(self.start_split(peer, shard)),
+                    None if !state.drifted.is_empty() => {
+                        if let Some(by) = self.record_drifted_counts(peer, state, epoch).await? {
+                            return Ok(WatchEnd::Fenced(by));
+                        }
+                    }
+                    None => {}
+                }
             }
             if let Some(task) = splitting.as_mut() {
                 self.drive_split(task, peer, state, epoch, landed < split_barrier);
@@ -455,6 +463,49 @@ impl Worker {
                 sent += 1;
                 inflight.push_back(self.send_batch(peer, epoch, flush, state.applied, state, &mut pipeline));
             }
+        }
+    }
+
+    /// The first shard past the cap that can still split. One that cannot (its keys' hashes
+    /// agree on every bit a split could use) is reported, never split.
+    fn shard_to_split(&self, state: &State) -> Option<usize> {
+        let cap = state.lease_cap.max(1);
+        let mut stuck = None;
+        for shard in overfull_shards(&state.keys, cap) {
+            if state.layout.depth(shard) < MAX_DEPTH {
+                return Some(shard);
+            }
+            stuck.get_or_insert(shard);
+        }
+        let problem = stuck.map(|shard| {
+            format!(
+                "lease shard {shard} holds {} keys, more than the cap of {cap}, and cannot split further (its keys share {MAX_DEPTH} hash bits)",
+                state.keys[shard]
+            )
+        });
+        self.shared.update(|h| h.layout_problem = problem);
+        None
+    }
+
+    /// Records the counts of the shards that drifted (`State::count_drifted`), in the parts
+    /// holding them.
+    async fn record_drifted_counts(
+        &self,
+        peer: &Client,
+        state: &mut State,
+        epoch: i64,
+    ) -> anyhow::Result<Option<String>> {
+        let mut recorded = state.recorded_keys.clone();
+        recorded.resize(state.keys.len(), 0);
+        for shard in &state.drifted {
+            recorded[*shard] = state.keys[*shard];
+        }
+        debug!(shards = state.drifted.len(), "recording shard counts that drifted");
+        let record = self.checkpoint_for(state, &state.layout, &state.leases, &recorded, state.applied, true);
+        let write = self.checkpoint_write(state, &record);
+        match self.apply_checkpoint(peer, epoch, write, Vec::new()).await? {
+            Applied::Yes => Ok(None),
+            Applied::Fenced(by) => Ok(Some(by)),
         }
     }
 
