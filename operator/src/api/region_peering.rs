@@ -316,11 +316,18 @@ pub struct KeepaliveStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_success_time: Option<Time>,
     pub consecutive_failures: i64,
-    /// The TTL the peer reported at the last keepalive.
+    /// Seconds the stalest lease has left if no renewal succeeds from now on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_remaining_seconds: Option<i64>,
     /// How many leases (shards) this region holds on the peer.
     pub leases: i64,
+    /// How long the last keepalive round took (every lease renewed once). Past a third of the TTL,
+    /// KeepaliveDegraded fires.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_round_milliseconds: Option<i64>,
+    /// LeaseKeepAlive streams the renewals go over: more when one cannot renew every lease in time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub streams: Option<i64>,
 }
 
 /// Replication progress into one peer.

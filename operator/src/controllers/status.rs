@@ -228,22 +228,35 @@ fn peers_reachable(f: &Facts) -> Verdict {
     )
 }
 
-/// KeepaliveDegraded: keepalives are failing and the leases are past half their TTL, so it fires
-/// before they would expire.
+/// KeepaliveDegraded: keepalives are failing and the leases are past half their TTL, or a round
+/// takes more than a third of the TTL (two slow rounds and a retry would not fit in it), so it
+/// fires before the leases would expire.
 fn keepalive_degraded(f: &Facts) -> Verdict {
     let (now, ttl) = (f.obs.now, f.obs.spec.lease.ttl_seconds);
     let degraded: Vec<String> = f
         .obs
         .peers
         .iter()
-        .filter(|h| h.keepalive_failures > 0 && h.lease_ttl_remaining(now).is_none_or(|t| t * 2 <= ttl))
-        .map(|h| {
-            format!(
-                "{} ({} failed keepalives, {}s of lease left)",
-                h.peer,
-                h.keepalive_failures,
-                h.lease_ttl_remaining(now).unwrap_or(0)
-            )
+        .filter_map(|h| {
+            let failing = h.keepalive_failures > 0 && h.lease_ttl_remaining(now).is_none_or(|t| t * 2 <= ttl);
+            let slow = h.last_keepalive_round().is_some_and(|r| r * 3.0 > ttl as f64);
+            if failing {
+                Some(format!(
+                    "{} ({} failed keepalives, {}s of lease left)",
+                    h.peer,
+                    h.keepalive_failures,
+                    h.lease_ttl_remaining(now).unwrap_or(0)
+                ))
+            } else if slow {
+                Some(format!(
+                    "{} (a round of {} leases took {:.1}s of a {ttl}s TTL)",
+                    h.peer,
+                    h.leases,
+                    h.last_keepalive_round().unwrap_or_default()
+                ))
+            } else {
+                None
+            }
         })
         .collect();
     if f.running && !degraded.is_empty() {
@@ -309,6 +322,8 @@ fn peer_status(h: &PeerHealth, now: SystemTime) -> PeerStatus {
             consecutive_failures: h.keepalive_failures as i64,
             ttl_remaining_seconds: h.lease_ttl_remaining(now),
             leases: h.leases as i64,
+            last_round_milliseconds: h.last_keepalive_round().map(|r| (r * 1000.0).round() as i64),
+            streams: (h.keepalive_streams > 0).then_some(h.keepalive_streams as i64),
         },
         replication: ReplicationStatus {
             lag_seconds: Some(h.lag_seconds(now).round() as i64),
@@ -325,10 +340,14 @@ fn peer_status(h: &PeerHealth, now: SystemTime) -> PeerStatus {
             .take(10)
             .map(|(key, bytes)| OversizedValue { key: key.clone(), bytes: *bytes as i64 })
             .collect(),
-        last_error: h.last_error.as_ref().map(|e| match h.last_error_time {
-            Some(t) => format!("{}: {e}", to_time(t).0.strftime("%Y-%m-%dT%H:%M:%SZ")),
-            None => e.clone(),
-        }),
+        last_error: h
+            .last_error
+            .as_ref()
+            .map(|e| match h.last_error_time {
+                Some(t) => format!("{}: {e}", to_time(t).0.strftime("%Y-%m-%dT%H:%M:%SZ")),
+                None => e.clone(),
+            })
+            .or_else(|| h.layout_problem.clone()),
     }
 }
 
@@ -376,6 +395,7 @@ pub fn visible_change(old: Option<&RegionPeeringStatus>, new: &RegionPeeringStat
         for p in &mut s.peers {
             p.keepalive.last_success_time = None;
             p.keepalive.ttl_remaining_seconds = None;
+            p.keepalive.last_round_milliseconds = None;
         }
         for i in &mut s.inbound {
             i.lease_ttl_remaining_seconds = None;
@@ -481,6 +501,16 @@ mod tests {
         assert_eq!(get(&status, KEEPALIVE_DEGRADED).status, "True", "16 s of a 30 s lease gone with failures");
         assert_eq!(get(&status, READY).status, "True", "the lease is still alive");
         h.keepalive_last_success = Some(now - Duration::from_secs(5));
+        assert_eq!(get(&compute(None, &observe(&spec, vec![h.clone()], now)), KEEPALIVE_DEGRADED).status, "False");
+        // Rounds that take more than a third of the TTL fire it too, with nothing failing yet.
+        h.keepalive_failures = 0;
+        h.record_keepalive_rtt(Duration::from_millis(10_500));
+        let status = compute(None, &observe(&spec, vec![h.clone()], now));
+        let degraded = get(&status, KEEPALIVE_DEGRADED);
+        assert_eq!(degraded.status, "True", "a 10.5 s round of a 30 s TTL");
+        assert!(degraded.message.contains("took 10.5s"), "{}", degraded.message);
+        assert_eq!(status.peers[0].keepalive.last_round_milliseconds, Some(10_500));
+        h.record_keepalive_rtt(Duration::from_millis(900));
         assert_eq!(get(&compute(None, &observe(&spec, vec![h], now)), KEEPALIVE_DEGRADED).status, "False");
     }
 

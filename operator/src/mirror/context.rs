@@ -54,19 +54,25 @@ pub(super) struct State {
     /// rewrites the parts holding them and not every part whose count moved since.
     pub recorded_keys: Vec<i64>,
     /// Shards whose count moved from the recorded one by more than the drift allowed
-    /// (`count_drifted`): the watch records them.
+    /// (`State::count_drifted`): the watch records them.
     pub drifted: BTreeSet<usize>,
 }
 
+/// How far a shard's count may move from the recorded one before it is recorded again: an eighth
+/// of the cap, and at least 8, so that recording costs at most one record per eight changes to a
+/// shard (growth spread over every shard rewrites the layout once per 8 keys a shard).
+pub fn count_drift(lease_cap: u64) -> i64 {
+    (lease_cap / 8).max(8) as i64
+}
+
 impl State {
-    /// Whether `shard`'s count has moved an eighth of the cap or more from the recorded one: then
-    /// it is recorded, so that a session that ends soon after does not lose it (counts start from
-    /// the record) and no lease passes the cap unsplit across sessions. Recording at this drift
-    /// costs at most one record per eighth of a cap of changes to a shard.
+    /// Whether `shard`'s count has moved [`count_drift`] from the recorded one: then it is
+    /// recorded, so that a session that ends soon after does not lose it (counts start from the
+    /// record) and no lease passes the cap unsplit across sessions.
     pub fn count_drifted(&self, shard: usize) -> bool {
         let recorded = self.recorded_keys.get(shard).copied().unwrap_or(0);
         let now = self.keys.get(shard).copied().unwrap_or(0);
-        (now - recorded).abs() >= (self.lease_cap / 8).max(1) as i64
+        (now - recorded).abs() >= count_drift(self.lease_cap)
     }
 }
 

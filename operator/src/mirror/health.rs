@@ -118,6 +118,11 @@ impl PeerHealth {
         self.keepalive_rounds += 1;
     }
 
+    /// Seconds the last successful keepalive round took.
+    pub fn last_keepalive_round(&self) -> Option<f64> {
+        self.keepalive_rtts.back().copied()
+    }
+
     /// The round trips of the rounds after the first `seen` (all kept ones if the worker started
     /// over, its count below `seen`).
     pub fn keepalive_rtts_since(&self, seen: u64) -> impl Iterator<Item = f64> + '_ {

@@ -468,6 +468,72 @@ mod tests {
         let o = Owner::decode(br#"{"owner":"x","acquiredAt":"t"}"#).expect("decodes");
         assert_eq!(o.generation, 0);
     }
+
+    /// Records exactly as the first released format (1) wrote them: no format field.
+    mod released_format {
+        pub const CHECKPOINT: &[u8] = br#"{"owner":"eu-west-operator-0/7","revision":4711,"leases":[7587890000000000000,7587890000000000001],"keys":[498,502],"synced":true,"retiring":[],"originClusterId":14841639068965178418}"#;
+        pub const SPLIT_CHECKPOINT: &[u8] = br#"{"owner":"w","revision":9,"leases":[11,12,13],"slots":[{"depth":2,"index":0},{"depth":1,"index":1},{"depth":2,"index":2}],"keys":[3,4,5],"synced":true,"retiring":[5],"originClusterId":7}"#;
+        pub const PARTS_RECORD: &[u8] = br#"{"owner":"w","revision":9,"leases":[],"keys":[],"synced":true,"retiring":[],"originClusterId":7,"parts":{"id":12,"count":2}}"#;
+        pub const PARTS: [&[u8]; 2] = [br#"{"first":0,"leases":[21,22],"keys":[1,2]}"#, br#"{"first":2,"leases":[23,24],"keys":[3,4]}"#];
+        pub const PROGRESS: &[u8] = br#"{"rev":"00000000000000004711","owner":"eu-west-operator-0/7","revision":4711}"#;
+        pub const OWNER: &[u8] = br#"{"owner":"eu-west-operator-0/7","acquiredAt":"2026-11-30T10:00:00Z","generation":3}"#;
+    }
+
+    #[test]
+    fn records_of_the_released_format_read_as_they_were_written() {
+        let c = Checkpoint::decode(released_format::CHECKPOINT).expect("the released checkpoint decodes");
+        assert_eq!((c.revision, c.leases.len(), c.total_keys(), c.synced), (4711, 2, 1000, true));
+        assert_eq!(c.origin_cluster_id, 14_841_639_068_965_178_418);
+        let split = Checkpoint::decode(released_format::SPLIT_CHECKPOINT).expect("a split layout decodes");
+        assert_eq!((split.slots.len(), split.retiring.clone()), (3, vec![5]));
+        let header = Checkpoint::decode(released_format::PARTS_RECORD).expect("a record of parts decodes");
+        let whole = header.assemble(&released_format::PARTS).expect("its parts assemble");
+        assert_eq!((whole.leases, whole.keys), (vec![21, 22, 23, 24], vec![1, 2, 3, 4]));
+        let p = Progress::decode(released_format::PROGRESS).expect("the released progress decodes");
+        assert_eq!(p.revision, 4711);
+        // This version's progress records still order above the released ones at equal revisions
+        // and by revision otherwise: the nested Txn's byte comparison keeps working across a roll.
+        assert!(released_format::PROGRESS < Progress { owner: "x".into(), revision: 4712 }.encode().as_slice());
+        let o = Owner::decode(released_format::OWNER).expect("the released owner decodes");
+        assert_eq!((o.generation, o.retired), (3, false));
+    }
+
+    #[test]
+    fn records_of_a_newer_format_read_as_none_and_this_format_is_written() {
+        let c = Checkpoint { owner: "w".into(), revision: 3, leases: vec![1], keys: vec![2], synced: true, ..Default::default() };
+        let written: serde_json::Value = serde_json::from_slice(&c.encode()).unwrap();
+        assert_eq!(written["format"], RECORD_FORMAT);
+        let mut newer = written.clone();
+        newer["format"] = serde_json::json!(RECORD_FORMAT + 1);
+        assert_eq!(Checkpoint::decode(newer.to_string().as_bytes()), None);
+        let p = Progress { owner: "w".into(), revision: 8 };
+        let mut newer_progress: serde_json::Value = serde_json::from_slice(&p.encode()).unwrap();
+        newer_progress["format"] = serde_json::json!(RECORD_FORMAT + 1);
+        assert_eq!(Progress::decode(newer_progress.to_string().as_bytes()), None);
+        let o = Owner { owner: "w".into(), acquired_at: "t".into(), generation: 1, retired: true };
+        assert_eq!(Owner::decode(&o.encode()), Some(o.clone()));
+        let mut newer_owner: serde_json::Value = serde_json::from_slice(&o.encode()).unwrap();
+        newer_owner["format"] = serde_json::json!(RECORD_FORMAT + 1);
+        assert_eq!(Owner::decode(newer_owner.to_string().as_bytes()), None);
+    }
+
+    #[test]
+    fn a_layout_that_does_not_line_up_reads_as_none() {
+        let base = Checkpoint { owner: "w".into(), revision: 3, leases: vec![1, 2], keys: vec![2, 2], synced: true, ..Default::default() };
+        assert!(Checkpoint::decode(&base.encode()).is_some());
+        // Three uniform shards: hash modulo three is not how keys were placed.
+        let three = Checkpoint { leases: vec![1, 2, 3], keys: vec![1, 1, 1], ..base.clone() };
+        assert_eq!(Checkpoint::decode(&three.encode()), None);
+        // Slots that do not cover the key space would place keys on shards that do not exist.
+        let holes = Checkpoint {
+            slots: vec![Slot { depth: 2, index: 0 }, Slot { depth: 2, index: 1 }],
+            ..base.clone()
+        };
+        assert_eq!(Checkpoint::decode(&holes.encode()), None);
+        let counts = Checkpoint { keys: vec![1], ..base };
+        assert_eq!(Checkpoint::decode(&counts.encode()), None);
+    }
+
     const BUDGET: RecordBudget = RecordBudget { ops: 125, bytes: (1 << 20) - 4096 };
 
     /// A synced layout of `shards` shards, then the given shards split.
