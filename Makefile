@@ -5,7 +5,7 @@ export AETHER_TOOLS_BIN := $(TOOLS_BIN)
 export PATH := $(TOOLS_BIN):$(PATH)
 CARGO ?= cargo
 
-.PHONY: all tools build manifests crds test test-etcd34 lint fmt bench demo e2e e2e-kind lint-chart check-alerts clean
+.PHONY: all tools build manifests crds test test-soak test-etcd34 lint fmt bench demo e2e e2e-kind lint-chart check-alerts clean
 
 all: build
 
@@ -26,12 +26,15 @@ demo: tools
 	$(CARGO) build -q -p aether-operator -p aether-e2e
 	target/debug/aether-demo
 
-## test: formatting, lints, unit and integration tests against real etcd and kube-apiserver, the e2e
+## test: formatting, lints, unit and integration tests against real etcd and kube-apiserver, the
+## e2e, and the soak tests beside the e2e (hack/test.sh)
 test: tools lint
 	$(MAKE) check-alerts
-	$(CARGO) test --workspace --exclude aether-e2e --no-fail-fast
-	$(MAKE) test-etcd34
-	$(MAKE) e2e
+	CARGO=$(CARGO) MAKE=$(MAKE) hack/test.sh
+
+## test-soak: the soak tests alone (the lease promise at the CRD defaults and with 16k leases)
+test-soak: tools
+	$(CARGO) test -p aether-operator --test lease_soak -- --ignored --test-threads=4
 
 ## check-alerts: promtool check and unit tests of the alert rules, the kustomize copy equal to the chart's, the dashboard's queries
 check-alerts: tools
@@ -55,9 +58,9 @@ bench: tools
 	$(CARGO) build -q --release -p aether-operator -p aether-bench
 	target/release/aether-bench
 
-## test-etcd34: the mirror's suite again, on Debian's etcd 3.4
+## test-etcd34: the mirror's and the leases' suites again, on Debian's etcd 3.4
 test-etcd34: tools
-	AETHER_ETCD=3.4 $(CARGO) test -p aether-operator --test mirror --no-fail-fast
+	AETHER_ETCD=3.4 $(CARGO) test -p aether-operator --test mirror --test leases --no-fail-fast
 
 lint:
 	$(CARGO) fmt --all -- --check

@@ -4,6 +4,8 @@
 //!
 //! `aether-bench worker ...` is the mirror under test as its own process, so that its memory can
 //! be measured.
+mod keepalive;
+
 use aether_harness::{EtcdFlavor, EtcdServer, FaultProxy, ManagedProcess, tool_path};
 use aether_operator::keys;
 use aether_operator::mirror::{self, EtcdTarget, MirrorConfig, MirrorHandle, Phase};
@@ -34,7 +36,7 @@ async fn main() -> anyhow::Result<()> {
     if args.get(1).map(String::as_str) == Some("worker") {
         return worker_process(&args[2..]).await;
     }
-    // `aether-bench [scenario...]`: sync, catchup, steady, leases, drain, operator, fanout, scale,
+    // `aether-bench [scenario...]`: sync, catchup, steady, leases, keepalive, drain, operator, fanout, scale,
     // wan (sync, catch-up and steady with the peer behind a 50 and a 150 ms proxy); all by default.
     // `wan-steady` (never by default) runs only the steady rows of `wan`; `auth-1m` (never by
     // default) syncs 1M keys under least-privilege auth.
@@ -58,6 +60,9 @@ async fn main() -> anyhow::Result<()> {
     // 1M keys under least-privilege auth: about ten minutes, only when asked.
     if only.iter().any(|o| o == "auth-1m") {
         bench_auth_at_scale(&mut table, 1_000_000).await?;
+    }
+    if want("keepalive") {
+        keepalive::bench_keepalive(&mut table).await?;
     }
     if want("drain") {
         bench_drain(&mut table).await?;

@@ -18,6 +18,7 @@ fn defaults(owner: &str) -> MirrorConfig {
 }
 
 #[tokio::test]
+#[ignore = "soak: minutes at the CRD defaults; `make test` runs it beside the other suites (hack/test.sh)"]
 async fn at_the_defaults_three_25s_partitions_healed_with_reset_connections_delete_nothing() {
     let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("b")).unwrap();
     let mut o = connect(&[origin.endpoint()], None).await;
@@ -41,8 +42,14 @@ async fn at_the_defaults_three_25s_partitions_healed_with_reset_connections_dele
 }
 
 /// 16,000 keys at two keys a lease make 16,384 leases on a three-member peer, reached through its
-/// followers only; the region grows by 2,000 keys (splits) while three TTLs pass.
+/// followers only (each renewal forwarded to the leader); the region grows by 600 keys (splits,
+/// each adding a lease to the running keeper) while three TTLs pass.
 async fn many_leases_through_followers_hold(cfg: MirrorConfig) {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("aether_operator=info")
+        .with_test_writer()
+        .with_ansi(false)
+        .try_init();
     let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdCluster::start("b", 3)).unwrap();
     let mut o = connect(&[origin.endpoint()], None).await;
     write_keys(&mut o, "a", 0..16_000, "v1").await;
@@ -58,14 +65,15 @@ async fn many_leases_through_followers_hold(cfg: MirrorConfig) {
     let deletes = count_peer_deletes(&p, "a").await;
     eprintln!("synced: {:?}", handle.health());
     assert!(handle.health().leases >= 16_000, "{:?}", handle.health());
+    drain_events(&mut events);
 
     let held = Instant::now();
     let mut next = 16_000;
     while held.elapsed() < 3 * ttl {
-        write_keys(&mut o, "a", next..next + 100, "growth").await;
-        next += 100;
-        tokio::time::sleep(Duration::from_millis(500)).await; // the pace of the growth
-        if next >= 18_000 {
+        write_keys(&mut o, "a", next..next + 20, "growth").await;
+        next += 20;
+        tokio::time::sleep(Duration::from_secs(1)).await; // the pace of the growth
+        if next >= 16_600 {
             next = 16_000;
         }
     }
@@ -80,13 +88,7 @@ async fn many_leases_through_followers_hold(cfg: MirrorConfig) {
 }
 
 #[tokio::test]
-async fn sixteen_thousand_leases_through_followers_are_renewed_at_the_fault_tests_settings() {
-    let mut cfg = fast_config("w1");
-    cfg.max_keys_per_lease = 2;
-    many_leases_through_followers_hold(cfg).await;
-}
-
-#[tokio::test]
+#[ignore = "soak: minutes at the CRD defaults; `make test` runs it beside the other suites (hack/test.sh)"]
 async fn sixteen_thousand_leases_through_followers_are_renewed_at_the_defaults() {
     let mut cfg = defaults("w1");
     cfg.max_keys_per_lease = 2;

@@ -662,6 +662,12 @@ async fn randomized_writes_member_kills_and_network_faults_converge() {
     let peer_target = EtcdTarget::plain(proxies.iter().map(|p| p.endpoint("http")));
     let mut o = connect(&[origin.endpoint()], None).await;
     write_keys(&mut o, "a", 0..500, "v0").await;
+    // Keys the origin keeps for the whole run: no fault here outlasts the TTL, so the peer must
+    // never delete one (a lapse of a live region).
+    let stable = 1_000..1_100;
+    write_keys(&mut o, "a", stable.clone(), "v0").await;
+    let stable_deletes =
+        count_deletes_of(peer.endpoints(), stable.clone().map(|i| endpoint_key("a", i).into_bytes()).collect()).await;
     let mut cfg = config("w0");
     cfg.max_txn_ops = 16;
     cfg.verify_interval = Duration::from_millis(300);
@@ -700,7 +706,10 @@ async fn randomized_writes_member_kills_and_network_faults_converge() {
             _ => {
                 for _ in 0..rng.random_range(1..40) {
                     let i = rng.random_range(0..600);
-                    if rng.random_bool(0.25) {
+                    if rng.random_bool(0.1) {
+                        let s = rng.random_range(stable.clone());
+                        o.put(endpoint_key("a", s), endpoint_value("a", s, &format!("r{round}")), None).await.unwrap();
+                    } else if rng.random_bool(0.25) {
                         o.delete(endpoint_key("a", i), None).await.unwrap();
                     } else {
                         o.put(endpoint_key("a", i), endpoint_value("a", i, &format!("r{round}")), None).await.unwrap();
@@ -714,6 +723,7 @@ async fn randomized_writes_member_kills_and_network_faults_converge() {
     }
     let p = connect(&peer.endpoints(), None).await;
     converged(&o, &p, "a", Duration::from_secs(120)).await;
+    assert_eq!(stable_deletes.load(Ordering::SeqCst), 0, "a key the origin kept was deleted on the peer");
     handle.shutdown().await;
 }
 

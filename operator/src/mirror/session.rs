@@ -70,9 +70,8 @@ impl Worker {
         state.lease_cap = crate::mirror::plan::lease_cap(self.config.max_keys_per_lease, state.auth_binds);
         // Whether each lease is alive, from the peer's answers to the renewals.
         let ttl = Duration::from_secs(self.config.lease_ttl_seconds.max(1) as u64);
-        let fresh = self.config.keepalive_interval;
-        let alive = self.keeper.liveness(&recorded.leases, fresh, ttl).await?;
-        let retiring_alive = self.keeper.liveness(&retiring, fresh, ttl).await?;
+        let alive = self.keeper.liveness(&recorded.leases, ttl, ttl).await?;
+        let retiring_alive = self.keeper.liveness(&retiring, ttl, ttl).await?;
         let resume = decide_resume(
             records.checkpoint.as_ref(),
             records.progress.as_ref(),

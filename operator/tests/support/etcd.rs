@@ -182,3 +182,38 @@ pub async fn count_peer_deletes(peer: &Client, region: &str) -> Arc<AtomicUsize>
     });
     deletes
 }
+
+/// Deletes on the peer of any of `watched` (keys the origin never deletes) from now on, read from
+/// the peer's own watch, which resumes after the member it was connected to dies.
+pub async fn count_deletes_of(endpoints: Vec<String>, watched: Vec<Vec<u8>>) -> Arc<AtomicUsize> {
+    let deletes = Arc::new(AtomicUsize::new(0));
+    let watched: std::collections::HashSet<Vec<u8>> = watched.into_iter().collect();
+    let start = {
+        let mut c = connect(&endpoints, None).await;
+        c.status().await.expect("peer status").header().expect("header").revision() + 1
+    };
+    let counter = deletes.clone();
+    tokio::spawn(async move {
+        let mut next = start;
+        loop {
+            let watch = async {
+                let mut c = Client::connect(&endpoints, None).await?;
+                let options = WatchOptions::new().with_prefix().with_start_revision(next);
+                let mut stream = c.watch(keys::region_prefix("a"), Some(options)).await?;
+                while let Some(resp) = stream.message().await? {
+                    for e in resp.events() {
+                        let key = e.kv().map(|kv| kv.key().to_vec()).unwrap_or_default();
+                        if e.event_type() == EventType::Delete && watched.contains(&key) {
+                            counter.fetch_add(1, Ordering::SeqCst);
+                        }
+                        next = next.max(e.kv().map_or(0, |kv| kv.mod_revision()) + 1);
+                    }
+                }
+                Ok::<(), etcd_client::Error>(())
+            };
+            let _ = watch.await;
+            tokio::time::sleep(Duration::from_millis(200)).await; // before watching again
+        }
+    });
+    deletes
+}

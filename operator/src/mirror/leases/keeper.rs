@@ -130,10 +130,10 @@ impl Keeper {
         }
     }
 
-    /// A lease this worker granted just before `at`: its TTL runs from then.
+    /// A lease this worker granted just before `at`: its TTL runs from then, so it is not due
+    /// before an interval (the keeper is not woken for it).
     pub fn granted(&self, lease: i64, at: Instant) {
         self.book().insert(lease, Kept { renewed_at: Some(at), answered_at: Some(at), ..Kept::default() });
-        self.joined.notify_one();
     }
 
     /// The leases kept now.
@@ -141,8 +141,9 @@ impl Keeper {
         self.book().keys().copied().collect()
     }
 
-    /// Whether each of `ids` is alive, from the peer's answers to the renewals: waits until the
-    /// peer answered for every one within `fresh`, or fails after `timeout`. 0 is never alive.
+    /// Whether each of `ids` is alive, from the peer's answers to the renewals: a lease the peer
+    /// renewed within `fresh` (the TTL) is alive, one it said is gone is not; waits for the
+    /// others' first answer, or fails after `timeout`. 0 is never alive.
     pub async fn liveness(&self, ids: &[i64], fresh: Duration, timeout: Duration) -> anyhow::Result<Vec<bool>> {
         let mut rounds = self.rounds.clone();
         let deadline = Instant::now() + timeout;
@@ -154,9 +155,7 @@ impl Keeper {
                     .map(|id| match book.get(id) {
                         _ if *id == 0 => Some(false),
                         Some(k) if k.lost => Some(false),
-                        Some(k) if k.answered_at.is_some_and(|t| now.saturating_duration_since(t) <= fresh) => {
-                            Some(true)
-                        }
+                        Some(k) if k.renewed_at.is_some_and(|t| now.saturating_duration_since(t) < fresh) => Some(true),
                         _ => None,
                     })
                     .collect()
@@ -464,4 +463,44 @@ pub async fn any_lease_alive(peer: &etcd_client::Client, ids: &[i64], timeout: D
         }
     }
     Some(false)
+}
+
+/// What one measured renewal round did.
+#[derive(Clone, Debug)]
+pub struct RoundMeasure {
+    pub answered: usize,
+    pub elapsed: Duration,
+    pub streams: usize,
+    /// The members the streams went to, and whether that was the leader alone.
+    pub endpoints: Vec<String>,
+    pub on_leader: bool,
+}
+
+/// One renewal round of `leases` over `streams` streams, opened for it, by the keeper's own code
+/// (for the benchmark): with `prefer_leader`, to the leader when a probe sees it.
+pub async fn measure_round(
+    peer: &EtcdTarget,
+    leases: &[i64],
+    streams: usize,
+    prefer_leader: bool,
+    timeout: Duration,
+) -> anyhow::Result<RoundMeasure> {
+    let raw = peer.connect_raw(prefer_leader).await?;
+    let book = Mutex::new(leases.iter().map(|id| (*id, Kept::default())).collect::<Book>());
+    let (signals, _lost) = mpsc::channel(leases.len().max(1));
+    let cluster = Mutex::new(None);
+    let runs = chunks(leases, streams);
+    let mut slots: Vec<Option<KeepAliveStream>> = (0..runs.len()).map(|_| None).collect();
+    let started = Instant::now();
+    let round = futures::future::join_all(
+        slots.iter_mut().zip(&runs).map(|(slot, run)| renew_on(&raw, slot, run, started, &book, &signals, &cluster)),
+    );
+    let results =
+        tokio::time::timeout(timeout, round).await.map_err(|_| anyhow::anyhow!("a round took over {timeout:?}"))?;
+    let elapsed = started.elapsed();
+    if let Some((_, e)) = results.iter().find_map(|r| r.as_ref().err()) {
+        anyhow::bail!("a renewal stream failed: {e}");
+    }
+    let answered = results.iter().map(|r| r.as_ref().map_or(0, |n| *n)).sum();
+    Ok(RoundMeasure { answered, elapsed, streams: runs.len(), endpoints: raw.endpoints, on_leader: raw.on_leader })
 }

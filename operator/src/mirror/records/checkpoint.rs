@@ -474,9 +474,11 @@ mod tests {
         pub const CHECKPOINT: &[u8] = br#"{"owner":"eu-west-operator-0/7","revision":4711,"leases":[7587890000000000000,7587890000000000001],"keys":[498,502],"synced":true,"retiring":[],"originClusterId":14841639068965178418}"#;
         pub const SPLIT_CHECKPOINT: &[u8] = br#"{"owner":"w","revision":9,"leases":[11,12,13],"slots":[{"depth":2,"index":0},{"depth":1,"index":1},{"depth":2,"index":2}],"keys":[3,4,5],"synced":true,"retiring":[5],"originClusterId":7}"#;
         pub const PARTS_RECORD: &[u8] = br#"{"owner":"w","revision":9,"leases":[],"keys":[],"synced":true,"retiring":[],"originClusterId":7,"parts":{"id":12,"count":2}}"#;
-        pub const PARTS: [&[u8]; 2] = [br#"{"first":0,"leases":[21,22],"keys":[1,2]}"#, br#"{"first":2,"leases":[23,24],"keys":[3,4]}"#];
+        pub const PARTS: [&[u8]; 2] =
+            [br#"{"first":0,"leases":[21,22],"keys":[1,2]}"#, br#"{"first":2,"leases":[23,24],"keys":[3,4]}"#];
         pub const PROGRESS: &[u8] = br#"{"rev":"00000000000000004711","owner":"eu-west-operator-0/7","revision":4711}"#;
-        pub const OWNER: &[u8] = br#"{"owner":"eu-west-operator-0/7","acquiredAt":"2026-11-30T10:00:00Z","generation":3}"#;
+        pub const OWNER: &[u8] =
+            br#"{"owner":"eu-west-operator-0/7","acquiredAt":"2026-11-30T10:00:00Z","generation":3}"#;
     }
 
     #[test]
@@ -500,7 +502,14 @@ mod tests {
 
     #[test]
     fn records_of_a_newer_format_read_as_none_and_this_format_is_written() {
-        let c = Checkpoint { owner: "w".into(), revision: 3, leases: vec![1], keys: vec![2], synced: true, ..Default::default() };
+        let c = Checkpoint {
+            owner: "w".into(),
+            revision: 3,
+            leases: vec![1],
+            keys: vec![2],
+            synced: true,
+            ..Default::default()
+        };
         let written: serde_json::Value = serde_json::from_slice(&c.encode()).unwrap();
         assert_eq!(written["format"], RECORD_FORMAT);
         let mut newer = written.clone();
@@ -519,16 +528,21 @@ mod tests {
 
     #[test]
     fn a_layout_that_does_not_line_up_reads_as_none() {
-        let base = Checkpoint { owner: "w".into(), revision: 3, leases: vec![1, 2], keys: vec![2, 2], synced: true, ..Default::default() };
+        let base = Checkpoint {
+            owner: "w".into(),
+            revision: 3,
+            leases: vec![1, 2],
+            keys: vec![2, 2],
+            synced: true,
+            ..Default::default()
+        };
         assert!(Checkpoint::decode(&base.encode()).is_some());
         // Three uniform shards: hash modulo three is not how keys were placed.
         let three = Checkpoint { leases: vec![1, 2, 3], keys: vec![1, 1, 1], ..base.clone() };
         assert_eq!(Checkpoint::decode(&three.encode()), None);
         // Slots that do not cover the key space would place keys on shards that do not exist.
-        let holes = Checkpoint {
-            slots: vec![Slot { depth: 2, index: 0 }, Slot { depth: 2, index: 1 }],
-            ..base.clone()
-        };
+        let holes =
+            Checkpoint { slots: vec![Slot { depth: 2, index: 0 }, Slot { depth: 2, index: 1 }], ..base.clone() };
         assert_eq!(Checkpoint::decode(&holes.encode()), None);
         let counts = Checkpoint { keys: vec![1], ..base };
         assert_eq!(Checkpoint::decode(&counts.encode()), None);

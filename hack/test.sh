@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The suites of `make test` after the lints: unit, property and integration tests against real
+# etcd and kube-apiserver, the mirror and lease suites again on etcd 3.4, and the multi-region
+# e2e. The soak tests (minutes at the CRD defaults, mostly waiting: 25 s partitions, 16k leases
+# held for three TTLs) run beside the e2e and the 3.4 pass instead of after them; their output is
+# printed when they end.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+cargo=${CARGO:-cargo}
+make=${MAKE:-make}
+
+"$cargo" test --workspace --no-run --quiet || exit 1
+failed=()
+"$cargo" test --workspace --exclude aether-e2e --no-fail-fast || failed+=("unit and integration tests")
+
+soak_log=$(mktemp -t aether-soak.XXXXXX)
+started=$SECONDS
+"$cargo" test -p aether-operator --test lease_soak -- --ignored --test-threads=4 >"$soak_log" 2>&1 &
+soak=$!
+trap 'kill "$soak" 2>/dev/null' EXIT
+
+"$make" test-etcd34 || failed+=("the etcd 3.4 pass")
+"$make" e2e || failed+=("e2e")
+
+if ! wait "$soak"; then
+  failed+=("soak")
+fi
+trap - EXIT
+echo "--- soak tests ($((SECONDS - started)) s) ---"
+cat "$soak_log"
+rm -f "$soak_log"
+
+if ((${#failed[@]})); then
+  echo "make test: failed: ${failed[*]}" >&2
+  exit 1
+fi
+echo "make test: every suite passed"
