@@ -1,24 +1,36 @@
-//! Prometheus metrics, all prefixed `aether_federation_` and labelled by region and peer.
+//! Prometheus metrics, all prefixed `aether_federation_`. A mirror's series are labelled `origin`
+//! (the region whose subtree it is) and `target` (the region it is mirrored into), the same way on
+//! both sides: this region's workers report `origin` = this region, what other regions mirror in
+//! reports `target` = this region. The families are grouped by what they describe, each group
+//! registering its own.
+use crate::mirror::inbound::InboundOrigin;
 use crate::mirror::{PeerHealth, Phase};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 use std::sync::atomic::AtomicU64;
 use std::time::SystemTime;
 
+/// One mirror: the region it comes from and the region it goes into.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct PeerLabels {
-    pub region: String,
-    pub peer: String,
+pub struct MirrorLabels {
+    pub origin: String,
+    pub target: String,
+}
+
+impl MirrorLabels {
+    pub fn new(origin: &str, target: &str) -> Self {
+        MirrorLabels { origin: origin.to_string(), target: target.to_string() }
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PhaseLabels {
-    pub region: String,
-    pub peer: String,
+    pub origin: String,
+    pub target: String,
     pub phase: String,
 }
 
@@ -31,45 +43,6 @@ pub struct RegionLabels {
 pub struct DrainLabels {
     pub region: String,
     pub outcome: String,
-}
-
-type FloatGauge = Gauge<f64, AtomicU64>;
-
-pub struct Metrics {
-    registry: Registry,
-    pub lag_seconds: Family<PeerLabels, FloatGauge>,
-    pub lag_revisions: Family<PeerLabels, Gauge>,
-    pub last_applied_revision: Family<PeerLabels, Gauge>,
-    pub keys: Family<PeerLabels, Gauge>,
-    /// Cumulative counts kept by the workers, exposed as counters (`_total`).
-    pub resyncs: Family<PeerLabels, Counter>,
-    pub session_failures: Family<PeerLabels, Counter>,
-    pub drift_repaired_keys: Family<PeerLabels, Counter>,
-    /// The configured lease TTL, so alerts can be relative to it.
-    pub lease_ttl_seconds: Family<PeerLabels, Gauge>,
-    /// The values the counters above were last brought up to, per series.
-    seen: std::sync::Mutex<std::collections::HashMap<(&'static str, PeerLabels), u64>>,
-    pub build_info: Family<BuildLabels, Gauge>,
-    pub reconcile_errors: Family<ControllerLabels, Counter>,
-    pub reconcile_duration: Family<ControllerLabels, Histogram>,
-    pub keepalive_failures: Family<PeerLabels, Gauge>,
-    pub keepalive_rtt: Family<PeerLabels, Histogram>,
-    /// The drain's current phase (1) per region.
-    pub drain_phase: Family<DrainPhaseLabels, Gauge>,
-    pub lease_ttl_remaining_seconds: Family<PeerLabels, Gauge>,
-    pub leases: Family<PeerLabels, Gauge>,
-    pub reachable: Family<PeerLabels, Gauge>,
-    pub synced: Family<PeerLabels, Gauge>,
-    pub split_revisions: Family<PeerLabels, Counter>,
-    pub txns: Family<PeerLabels, Counter>,
-    pub phase: Family<PhaseLabels, Gauge>,
-    /// Keys another region (label `peer`) mirrors into this region (label `region`).
-    pub inbound_keys: Family<PeerLabels, Gauge>,
-    pub inbound_lease_ttl_seconds: Family<PeerLabels, Gauge>,
-    pub status_patches: Family<RegionLabels, Counter>,
-    pub is_leader: Gauge,
-    pub drain_keys: Family<DrainLabels, Counter>,
-    drain_seen: std::sync::Mutex<std::collections::HashMap<DrainLabels, u64>>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -88,6 +61,14 @@ pub struct ControllerLabels {
     pub controller: String,
 }
 
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+/// Registers `metric` under `name` and hands it back.
+fn add<M: Metric + Clone>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M {
+    registry.register(name, help, metric.clone());
+    metric
+}
+
 fn duration_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.005, 2.0, 12))
 }
@@ -97,145 +78,257 @@ fn round_trip_histogram() -> Histogram {
     Histogram::new([0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0])
 }
 
+/// This region's mirrors into its peers: progress, sessions, verification.
+pub struct ReplicationMetrics {
+    pub lag_seconds: Family<MirrorLabels, FloatGauge>,
+    pub lag_revisions: Family<MirrorLabels, Gauge>,
+    pub last_applied_revision: Family<MirrorLabels, Gauge>,
+    pub keys: Family<MirrorLabels, Gauge>,
+    pub synced: Family<MirrorLabels, Gauge>,
+    pub reachable: Family<MirrorLabels, Gauge>,
+    pub phase: Family<PhaseLabels, Gauge>,
+    pub values_left_out: Family<MirrorLabels, Gauge>,
+    pub resyncs: Family<MirrorLabels, Counter>,
+    pub session_failures: Family<MirrorLabels, Counter>,
+    pub drift_repaired_keys: Family<MirrorLabels, Counter>,
+    pub split_revisions: Family<MirrorLabels, Counter>,
+    pub txns: Family<MirrorLabels, Counter>,
+}
+
+impl ReplicationMetrics {
+    fn register(r: &mut Registry) -> Self {
+        ReplicationMetrics {
+            lag_seconds: add(
+                r,
+                "replication_lag_seconds",
+                "Age of the oldest origin revision not yet applied on the target",
+                Family::default(),
+            ),
+            lag_revisions: add(
+                r,
+                "replication_lag_revisions",
+                "Origin revisions received but not yet applied on the target",
+                Family::default(),
+            ),
+            last_applied_revision: add(
+                r,
+                "last_applied_revision",
+                "The origin revision the target holds completely",
+                Family::default(),
+            ),
+            keys: add(r, "mirrored_keys", "Keys of the origin's subtree on the target", Family::default()),
+            synced: add(r, "peer_synced", "1 when the target holds a complete snapshot", Family::default()),
+            reachable: add(
+                r,
+                "peer_reachable",
+                "1 when the cross-region failure detector deems the target reachable",
+                Family::default(),
+            ),
+            phase: add(r, "worker_phase", "1 for the worker's current phase", Family::default()),
+            values_left_out: add(
+                r,
+                "values_left_out",
+                "Origin values too large for any request the target accepts, left out of the mirror",
+                Family::default(),
+            ),
+            resyncs: add(r, "resyncs", "Full resyncs after the initial sync", Family::default()),
+            session_failures: add(r, "session_failures", "Worker sessions ended by an error", Family::default()),
+            drift_repaired_keys: add(
+                r,
+                "drift_repaired_keys",
+                "Keys continuous verification found different on the target and repaired",
+                Family::default(),
+            ),
+            split_revisions: add(
+                r,
+                "split_revisions",
+                "Origin revisions too large for one target Txn",
+                Family::default(),
+            ),
+            txns: add(r, "peer_txns", "Batch Txns applied on the target", Family::default()),
+        }
+    }
+}
+
+/// The origin-heartbeat leases this region holds on its peers.
+pub struct KeepaliveMetrics {
+    pub failures: Family<MirrorLabels, Gauge>,
+    pub round: Family<MirrorLabels, Histogram>,
+    pub streams: Family<MirrorLabels, Gauge>,
+    pub leases: Family<MirrorLabels, Gauge>,
+    pub ttl_seconds: Family<MirrorLabels, Gauge>,
+    pub ttl_remaining_seconds: Family<MirrorLabels, Gauge>,
+}
+
+impl KeepaliveMetrics {
+    fn register(r: &mut Registry) -> Self {
+        KeepaliveMetrics {
+            failures: add(r, "keepalive_consecutive_failures", "Keepalive rounds failed in a row", Family::default()),
+            round: add(
+                r,
+                "keepalive_rtt_seconds",
+                "Seconds a keepalive round (every lease renewed once) takes; past a third of the TTL, KeepaliveDegraded fires",
+                Family::new_with_constructor(round_trip_histogram),
+            ),
+            streams: add(r, "keepalive_streams", "LeaseKeepAlive streams the renewals use", Family::default()),
+            leases: add(r, "leases", "Leases (shards) held on the target", Family::default()),
+            ttl_seconds: add(
+                r,
+                "lease_ttl_seconds",
+                "The configured TTL of the origin-heartbeat leases",
+                Family::default(),
+            ),
+            ttl_remaining_seconds: add(
+                r,
+                "lease_ttl_remaining_seconds",
+                "Seconds the stalest lease has left if no renewal succeeds from now on",
+                Family::default(),
+            ),
+        }
+    }
+}
+
+/// What other regions mirror into this region, as this region's etcd holds it.
+pub struct InboundMetrics {
+    pub keys: Family<MirrorLabels, Gauge>,
+    pub lease_ttl_remaining_seconds: Family<MirrorLabels, Gauge>,
+    pub synced: Family<MirrorLabels, Gauge>,
+}
+
+impl InboundMetrics {
+    fn register(r: &mut Registry) -> Self {
+        InboundMetrics {
+            keys: add(r, "inbound_keys", "Keys an origin region mirrors into this region", Family::default()),
+            lease_ttl_remaining_seconds: add(
+                r,
+                "inbound_lease_ttl_remaining_seconds",
+                "Seconds an origin region's leases here have left: its mirror lapses at 0 unless the origin renews",
+                Family::default(),
+            ),
+            synced: add(
+                r,
+                "inbound_synced",
+                "1 while an origin region's sync canary here says its snapshot is complete",
+                Family::default(),
+            ),
+        }
+    }
+}
+
+/// The v0 -> v1 drain.
+pub struct DrainMetrics {
+    pub keys: Family<DrainLabels, Counter>,
+    pub phase: Family<DrainPhaseLabels, Gauge>,
+    seen: std::sync::Mutex<std::collections::HashMap<DrainLabels, u64>>,
+}
+
+impl DrainMetrics {
+    fn register(r: &mut Registry) -> Self {
+        DrainMetrics {
+            keys: add(r, "drain_keys", "Legacy keys handled by the v0 -> v1 drain, by outcome", Family::default()),
+            phase: add(r, "drain_phase", "1 for the v0 -> v1 drain's current phase", Family::default()),
+            seen: Default::default(),
+        }
+    }
+}
+
+/// The operator process: leadership, reconciles, status writes, its build.
+pub struct OperatorMetrics {
+    pub leader: Gauge,
+    pub reconcile_errors: Family<ControllerLabels, Counter>,
+    pub reconcile_duration: Family<ControllerLabels, Histogram>,
+    pub status_patches: Family<RegionLabels, Counter>,
+    pub build_info: Family<BuildLabels, Gauge>,
+}
+
+impl OperatorMetrics {
+    fn register(r: &mut Registry) -> Self {
+        let m = OperatorMetrics {
+            leader: add(r, "leader", "1 while this instance leads its region", Gauge::default()),
+            reconcile_errors: add(r, "reconcile_errors", "Reconciles that failed, by controller", Family::default()),
+            reconcile_duration: add(
+                r,
+                "reconcile_duration_seconds",
+                "How long reconciles take, by controller",
+                Family::new_with_constructor(duration_histogram),
+            ),
+            status_patches: add(r, "status_patches", "RegionPeering status patches written", Family::default()),
+            build_info: add(r, "build_info", "1, labelled with the operator's version", Family::default()),
+        };
+        m.build_info.get_or_create(&BuildLabels { version: env!("CARGO_PKG_VERSION").to_string() }).set(1);
+        m
+    }
+}
+
+pub struct Metrics {
+    registry: Registry,
+    pub replication: ReplicationMetrics,
+    pub keepalive: KeepaliveMetrics,
+    pub inbound: InboundMetrics,
+    pub drain: DrainMetrics,
+    pub operator: OperatorMetrics,
+    /// The last cumulative count of each worker counter seen, by series.
+    seen: std::sync::Mutex<std::collections::HashMap<(&'static str, MirrorLabels), u64>>,
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("aether_federation");
-        let m = Metrics {
-            lag_seconds: Family::default(),
-            lag_revisions: Family::default(),
-            last_applied_revision: Family::default(),
-            keys: Family::default(),
-            resyncs: Family::default(),
-            session_failures: Family::default(),
-            drift_repaired_keys: Family::default(),
-            lease_ttl_seconds: Family::default(),
+        Metrics {
+            replication: ReplicationMetrics::register(&mut registry),
+            keepalive: KeepaliveMetrics::register(&mut registry),
+            inbound: InboundMetrics::register(&mut registry),
+            drain: DrainMetrics::register(&mut registry),
+            operator: OperatorMetrics::register(&mut registry),
             seen: Default::default(),
-            build_info: Family::default(),
-            reconcile_errors: Family::default(),
-            reconcile_duration: Family::new_with_constructor(duration_histogram),
-            keepalive_failures: Family::default(),
-            keepalive_rtt: Family::new_with_constructor(round_trip_histogram),
-            drain_phase: Family::default(),
-            lease_ttl_remaining_seconds: Family::default(),
-            leases: Family::default(),
-            reachable: Family::default(),
-            synced: Family::default(),
-            split_revisions: Family::default(),
-            txns: Family::default(),
-            phase: Family::default(),
-            inbound_keys: Family::default(),
-            inbound_lease_ttl_seconds: Family::default(),
-            status_patches: Family::default(),
-            is_leader: Gauge::default(),
-            drain_keys: Family::default(),
-            drain_seen: Default::default(),
-            registry: Registry::default(),
-        };
-        registry.register(
-            "replication_lag_seconds",
-            "Age of the oldest origin revision not yet applied on the peer",
-            m.lag_seconds.clone(),
-        );
-        registry.register(
-            "replication_lag_revisions",
-            "Origin revisions received but not yet applied on the peer",
-            m.lag_revisions.clone(),
-        );
-        registry.register(
-            "last_applied_revision",
-            "The origin revision the peer holds completely",
-            m.last_applied_revision.clone(),
-        );
-        registry.register("mirrored_keys", "Keys of the region's subtree on the peer", m.keys.clone());
-        registry.register("resyncs", "Full resyncs after the initial sync", m.resyncs.clone());
-        registry.register("session_failures", "Worker sessions ended by an error", m.session_failures.clone());
-        registry.register(
-            "drift_repaired_keys",
-            "Keys continuous verification found different on the peer and repaired",
-            m.drift_repaired_keys.clone(),
-        );
-        registry.register(
-            "lease_ttl_seconds",
-            "The configured TTL of the origin-heartbeat leases",
-            m.lease_ttl_seconds.clone(),
-        );
-        registry.register("build_info", "1, labelled with the operator's version", m.build_info.clone());
-        registry.register("reconcile_errors", "Reconciles that failed, by controller", m.reconcile_errors.clone());
-        registry.register(
-            "reconcile_duration_seconds",
-            "How long reconciles take, by controller",
-            m.reconcile_duration.clone(),
-        );
-        m.build_info.get_or_create(&BuildLabels { version: env!("CARGO_PKG_VERSION").to_string() }).set(1);
-        registry.register(
-            "keepalive_consecutive_failures",
-            "Keepalive rounds failed in a row",
-            m.keepalive_failures.clone(),
-        );
-        registry.register(
-            "lease_ttl_remaining_seconds",
-            "Seconds left on the leases if no keepalive succeeds",
-            m.lease_ttl_remaining_seconds.clone(),
-        );
-        registry.register(
-            "keepalive_rtt_seconds",
-            "Seconds a keepalive round to the peer takes (tune acceptablePauseSeconds from it)",
-            m.keepalive_rtt.clone(),
-        );
-        registry.register("leases", "Leases (shards) held on the peer", m.leases.clone());
-        registry.register(
-            "peer_reachable",
-            "1 when the cross-region failure detector deems the peer reachable",
-            m.reachable.clone(),
-        );
-        registry.register("peer_synced", "1 when the peer holds a complete snapshot", m.synced.clone());
-        registry.register("split_revisions", "Origin revisions too large for one peer Txn", m.split_revisions.clone());
-        registry.register("peer_txns", "Batch Txns applied on the peer", m.txns.clone());
-        registry.register("worker_phase", "1 for the worker's current phase", m.phase.clone());
-        registry.register("inbound_keys", "Keys a peer region mirrors into this region", m.inbound_keys.clone());
-        registry.register(
-            "inbound_lease_ttl_seconds",
-            "Remaining TTL of a peer region's leases in this region",
-            m.inbound_lease_ttl_seconds.clone(),
-        );
-        registry.register("status_patches", "RegionPeering status patches written", m.status_patches.clone());
-        registry.register("leader", "1 while this instance leads its region", m.is_leader.clone());
-        registry.register("drain_keys", "Legacy keys handled by the v0 -> v1 drain, by outcome", m.drain_keys.clone());
-        registry.register("drain_phase", "1 for the v0 -> v1 drain's current phase", m.drain_phase.clone());
-        Metrics { registry, ..m }
+            registry,
+        }
     }
 }
 
 impl Metrics {
+    /// One of this region's workers, as its health says now.
     pub fn record_peer(&self, h: &PeerHealth, now: SystemTime) {
-        let l = PeerLabels { region: h.origin.clone(), peer: h.peer.clone() };
-        self.lag_seconds.get_or_create(&l).set(h.lag_seconds(now));
-        self.lag_revisions.get_or_create(&l).set(h.lag_revisions());
-        self.last_applied_revision.get_or_create(&l).set(h.last_applied_revision);
-        self.keys.get_or_create(&l).set(h.keys);
-        self.advance(&self.resyncs, "resyncs", &l, h.resyncs);
-        self.advance(&self.session_failures, "session_failures", &l, h.session_failures);
-        self.advance(&self.drift_repaired_keys, "drift_repaired_keys", &l, h.drift_repaired_keys);
-        self.lease_ttl_seconds.get_or_create(&l).set(h.lease_ttl_seconds);
-        self.keepalive_failures.get_or_create(&l).set(h.keepalive_failures as i64);
-        self.observe_keepalive_rtts(h, &l);
-        self.lease_ttl_remaining_seconds.get_or_create(&l).set(h.lease_ttl_remaining(now).unwrap_or(0));
-        self.leases.get_or_create(&l).set(h.leases as i64);
-        self.reachable.get_or_create(&l).set(i64::from(h.reachable));
-        self.synced.get_or_create(&l).set(i64::from(h.synced));
-        self.advance(&self.split_revisions, "split_revisions", &l, h.split_revisions);
-        self.advance(&self.txns, "txns", &l, h.txns);
+        let l = MirrorLabels::new(&h.origin, &h.peer);
+        let r = &self.replication;
+        r.lag_seconds.get_or_create(&l).set(h.lag_seconds(now));
+        r.lag_revisions.get_or_create(&l).set(h.lag_revisions());
+        r.last_applied_revision.get_or_create(&l).set(h.last_applied_revision);
+        r.keys.get_or_create(&l).set(h.keys);
+        r.synced.get_or_create(&l).set(i64::from(h.synced));
+        r.reachable.get_or_create(&l).set(i64::from(h.reachable));
+        r.values_left_out.get_or_create(&l).set(h.oversized.len() as i64);
+        self.advance(&r.resyncs, "resyncs", &l, h.resyncs);
+        self.advance(&r.session_failures, "session_failures", &l, h.session_failures);
+        self.advance(&r.drift_repaired_keys, "drift_repaired_keys", &l, h.drift_repaired_keys);
+        self.advance(&r.split_revisions, "split_revisions", &l, h.split_revisions);
+        self.advance(&r.txns, "txns", &l, h.txns);
         for phase in Phase::ALL {
             let labels =
-                PhaseLabels { region: h.origin.clone(), peer: h.peer.clone(), phase: phase.as_str().to_string() };
-            self.phase.get_or_create(&labels).set(i64::from(phase == h.phase));
+                PhaseLabels { origin: h.origin.clone(), target: h.peer.clone(), phase: phase.as_str().to_string() };
+            r.phase.get_or_create(&labels).set(i64::from(phase == h.phase));
         }
+        let k = &self.keepalive;
+        k.failures.get_or_create(&l).set(h.keepalive_failures as i64);
+        self.observe_keepalive_rounds(h, &l);
+        k.streams.get_or_create(&l).set(h.keepalive_streams as i64);
+        k.leases.get_or_create(&l).set(h.leases as i64);
+        k.ttl_seconds.get_or_create(&l).set(h.lease_ttl_seconds);
+        k.ttl_remaining_seconds.get_or_create(&l).set(h.lease_ttl_remaining(now).unwrap_or(0));
+    }
+
+    /// What `origin` mirrors into `region` (this one).
+    pub fn record_inbound(&self, region: &str, origin: &InboundOrigin) {
+        let l = MirrorLabels::new(&origin.origin, region);
+        self.inbound.keys.get_or_create(&l).set(origin.keys);
+        self.inbound.lease_ttl_remaining_seconds.get_or_create(&l).set(origin.lease_ttl_remaining.unwrap_or(0));
+        self.inbound.synced.get_or_create(&l).set(i64::from(origin.synced));
     }
 
     /// Observes the keepalive rounds this series has not seen yet.
-    fn observe_keepalive_rtts(&self, h: &PeerHealth, l: &PeerLabels) {
+    fn observe_keepalive_rounds(&self, h: &PeerHealth, l: &MirrorLabels) {
         let seen = self.seen.lock().expect("metrics lock").insert(("keepalive_rounds", l.clone()), h.keepalive_rounds);
-        let histogram = self.keepalive_rtt.get_or_create(l);
+        let histogram = self.keepalive.round.get_or_create(l);
         h.keepalive_rtts_since(seen.unwrap_or(0)).for_each(|rtt| histogram.observe(rtt));
     }
 
@@ -243,21 +336,22 @@ impl Metrics {
     pub fn record_drain_phase(&self, region: &str, phase: crate::drain::DrainPhase) {
         for candidate in crate::drain::DrainPhase::ALL {
             let labels = DrainPhaseLabels { region: region.to_string(), phase: candidate.as_str().to_string() };
-            self.drain_phase.get_or_create(&labels).set(i64::from(candidate == phase));
+            self.drain.phase.get_or_create(&labels).set(i64::from(candidate == phase));
         }
     }
 
     /// Drops a region's drain phase series (its RegistrySchema is gone).
     pub fn forget_drain(&self, region: &str) {
         for candidate in crate::drain::DrainPhase::ALL {
-            self.drain_phase
+            self.drain
+                .phase
                 .remove(&DrainPhaseLabels { region: region.to_string(), phase: candidate.as_str().to_string() });
         }
     }
 
     /// Brings a counter up to a worker's cumulative count. A count below the last one means the
     /// worker started over: the counter goes up by the whole new count.
-    fn advance(&self, counter: &Family<PeerLabels, Counter>, name: &'static str, l: &PeerLabels, now: u64) {
+    fn advance(&self, counter: &Family<MirrorLabels, Counter>, name: &'static str, l: &MirrorLabels, now: u64) {
         let mut seen = self.seen.lock().expect("metrics lock");
         let last = seen.insert((name, l.clone()), now).unwrap_or(0);
         let delta = if now >= last { now - last } else { now };
@@ -269,39 +363,40 @@ impl Metrics {
     /// Brings a drain counter up to the drain's cumulative count (kept across restarts).
     pub fn advance_drain(&self, labels: DrainLabels, now: i64) {
         let now = now.max(0) as u64;
-        let mut seen = self.drain_seen.lock().expect("metrics lock");
+        let mut seen = self.drain.seen.lock().expect("metrics lock");
         let last = seen.insert(labels.clone(), now).unwrap_or(0);
-        self.drain_keys.get_or_create(&labels).inc_by(now.saturating_sub(last));
+        self.drain.keys.get_or_create(&labels).inc_by(now.saturating_sub(last));
     }
 
     /// Drops a stopped worker's series.
-    pub fn forget_peer(&self, region: &str, peer: &str) {
-        let l = PeerLabels { region: region.to_string(), peer: peer.to_string() };
+    pub fn forget_peer(&self, origin: &str, target: &str) {
+        let l = MirrorLabels::new(origin, target);
+        let (r, k) = (&self.replication, &self.keepalive);
         for family in [
-            &self.lag_revisions,
-            &self.last_applied_revision,
-            &self.keys,
-            &self.keepalive_failures,
-            &self.lease_ttl_remaining_seconds,
-            &self.leases,
-            &self.reachable,
-            &self.synced,
-            &self.lease_ttl_seconds,
+            &r.lag_revisions,
+            &r.last_applied_revision,
+            &r.keys,
+            &r.synced,
+            &r.reachable,
+            &r.values_left_out,
+            &k.failures,
+            &k.streams,
+            &k.leases,
+            &k.ttl_seconds,
+            &k.ttl_remaining_seconds,
         ] {
             family.remove(&l);
         }
-        for family in
-            [&self.resyncs, &self.session_failures, &self.drift_repaired_keys, &self.split_revisions, &self.txns]
-        {
+        for family in [&r.resyncs, &r.session_failures, &r.drift_repaired_keys, &r.split_revisions, &r.txns] {
             family.remove(&l);
         }
-        self.keepalive_rtt.remove(&l);
+        r.lag_seconds.remove(&l);
+        k.round.remove(&l);
         self.seen.lock().expect("metrics lock").retain(|(_, labels), _| labels != &l);
-        self.lag_seconds.remove(&l);
         for phase in Phase::ALL {
-            self.phase.remove(&PhaseLabels {
-                region: region.to_string(),
-                peer: peer.to_string(),
+            r.phase.remove(&PhaseLabels {
+                origin: origin.to_string(),
+                target: target.to_string(),
                 phase: phase.as_str().to_string(),
             });
         }
@@ -310,18 +405,24 @@ impl Metrics {
     /// Records one reconcile of `controller`.
     pub fn reconciled(&self, controller: &str, took: std::time::Duration, ok: bool) {
         let labels = ControllerLabels { controller: controller.to_string() };
-        self.reconcile_duration.get_or_create(&labels).observe(took.as_secs_f64());
-        let errors = self.reconcile_errors.get_or_create(&labels);
+        self.operator.reconcile_duration.get_or_create(&labels).observe(took.as_secs_f64());
+        let errors = self.operator.reconcile_errors.get_or_create(&labels);
         if !ok {
             errors.inc();
         }
     }
 
+    /// Counts a status patch of `region`'s RegionPeering.
+    pub fn status_patched(&self, region: &str) {
+        self.operator.status_patches.get_or_create(&RegionLabels { region: region.to_string() }).inc();
+    }
+
     /// Drops what this instance reports of other regions' mirrors into its own: a standby must
     /// not report them beside the leader.
     pub fn forget_inbound(&self) {
-        self.inbound_keys.clear();
-        self.inbound_lease_ttl_seconds.clear();
+        self.inbound.keys.clear();
+        self.inbound.lease_ttl_remaining_seconds.clear();
+        self.inbound.synced.clear();
     }
 
     pub fn encode(&self) -> String {
@@ -334,6 +435,28 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn inbound_b() -> InboundOrigin {
+        InboundOrigin {
+            origin: "b".into(),
+            keys: 1,
+            lease_ttl_remaining: Some(20),
+            synced: true,
+            checkpoint_revision: Some(3),
+        }
+    }
+
+    #[test]
+    fn every_mirror_series_says_origin_and_target_the_same_way_on_both_sides() {
+        let m = Metrics::default();
+        m.record_peer(&PeerHealth::new("a", "b", 30), SystemTime::now());
+        m.record_inbound("a", &inbound_b());
+        let text = m.encode();
+        assert!(text.contains(r#"aether_federation_mirrored_keys{origin="a",target="b"}"#), "{text}");
+        assert!(text.contains(r#"aether_federation_inbound_keys{origin="b",target="a"}"#), "{text}");
+        assert!(text.contains(r#"aether_federation_inbound_lease_ttl_remaining_seconds{origin="b",target="a"} 20"#));
+        assert!(!text.contains("region=\"a\",peer="), "no series says region/peer any more");
+    }
 
     /// Every family the operator exposes, by its sample name (counters with `_total`).
     fn exposed(m: &Metrics) -> std::collections::BTreeSet<String> {
@@ -354,9 +477,8 @@ mod tests {
         let mut h = PeerHealth::new("a", "b", 30);
         h.resyncs = 2;
         m.record_peer(&h, SystemTime::now());
-        m.inbound_keys.get_or_create(&PeerLabels { region: "a".into(), peer: "b".into() }).set(1);
-        m.inbound_lease_ttl_seconds.get_or_create(&PeerLabels { region: "a".into(), peer: "b".into() }).set(1);
-        m.status_patches.get_or_create(&RegionLabels { region: "a".into() }).inc();
+        m.record_inbound("a", &inbound_b());
+        m.status_patched("a");
         m.reconciled("regionpeering", std::time::Duration::from_millis(3), false);
         m.advance_drain(DrainLabels { region: "a".into(), outcome: "copied".into() }, 5);
         m.record_drain_phase("a", crate::drain::DrainPhase::Copying);
@@ -389,9 +511,8 @@ mod tests {
         let mut h = PeerHealth::new("a", "b", 30);
         h.record_keepalive_rtt(std::time::Duration::from_millis(3));
         m.record_peer(&h, SystemTime::now());
-        m.inbound_keys.get_or_create(&PeerLabels { region: "a".into(), peer: "b".into() }).set(1);
-        m.inbound_lease_ttl_seconds.get_or_create(&PeerLabels { region: "a".into(), peer: "b".into() }).set(1);
-        m.status_patches.get_or_create(&RegionLabels { region: "a".into() }).inc();
+        m.record_inbound("a", &inbound_b());
+        m.status_patched("a");
         m.reconciled("regionpeering", std::time::Duration::from_millis(3), false);
         m.advance_drain(DrainLabels { region: "a".into(), outcome: "copied".into() }, 5);
         m.record_drain_phase("a", crate::drain::DrainPhase::Copying);
@@ -449,8 +570,8 @@ mod tests {
         m.record_peer(&h, SystemTime::now());
         h.resyncs = 1; // the worker started over
         m.record_peer(&h, SystemTime::now());
-        let l = PeerLabels { region: "a".into(), peer: "b".into() };
-        assert_eq!(m.resyncs.get_or_create(&l).get(), 4, "never goes down");
+        let l = MirrorLabels::new("a", "b");
+        assert_eq!(m.replication.resyncs.get_or_create(&l).get(), 4, "never goes down");
         m.forget_peer("a", "b");
         assert!(!m.encode().contains("aether_federation_resyncs_total{"), "a stopped worker's series go");
     }

@@ -75,7 +75,7 @@ async fn the_operator_runs_as_its_service_account_and_follows_the_spec() {
     assert!(seen.is_ok(), "events missing in\n{events}");
     wait_until("metrics", WAIT, || async {
         let metrics = scrape_metrics(metrics_port).await;
-        Ok(metrics.contains(r#"aether_federation_mirrored_keys{region="a",peer="b"} 101"#)
+        Ok(metrics.contains(r#"aether_federation_mirrored_keys{origin="a",target="b"} 101"#)
             && metrics.contains("aether_federation_leader 1"))
     })
     .await

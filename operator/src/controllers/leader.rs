@@ -127,7 +127,7 @@ where
             }
         }
         info!(identity = %settings.identity, "elected leader");
-        metrics.is_leader.set(1);
+        metrics.operator.leader.set(1);
         let term = CancellationToken::new();
         let work = lead(term.clone());
         tokio::pin!(work);
@@ -146,7 +146,7 @@ where
                 tokio::time::sleep(CONFIRM_INTERVAL * 2).await;
             }
         }
-        metrics.is_leader.set(0);
+        metrics.operator.leader.set(0);
         if shutdown.is_cancelled() {
             break;
         }

@@ -4,7 +4,7 @@ use super::etcd_access::{Access, AccessError, SecretRead, access};
 use super::plan::{Claim, WorkerChange, conflict, worker_changes};
 use super::status::{self, Observation, STATUS_HEARTBEAT};
 use crate::api::{EtcdConnection, RegionPeering, RegionPeeringSpec};
-use crate::metrics::{Metrics, PeerLabels};
+use crate::metrics::Metrics;
 use crate::mirror::{self, MirrorConfig, MirrorEvent, MirrorHandle, inbound};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
@@ -367,9 +367,7 @@ async fn apply(rp: Arc<RegionPeering>, ctx: Arc<Context>) -> Result<Action, Erro
         Err(_) => Vec::new(),
     };
     for origin in &inbound {
-        let labels = PeerLabels { region: spec.region.clone(), peer: origin.origin.clone() };
-        ctx.metrics.inbound_keys.get_or_create(&labels).set(origin.keys);
-        ctx.metrics.inbound_lease_ttl_seconds.get_or_create(&labels).set(origin.lease_ttl_remaining.unwrap_or(0));
+        ctx.metrics.record_inbound(&spec.region, origin);
     }
     let observation = Observation {
         spec,
@@ -393,7 +391,7 @@ async fn apply(rp: Arc<RegionPeering>, ctx: Arc<Context>) -> Result<Action, Erro
         });
         api.patch_status(&rp.name_any(), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(body)).await?;
         ctx.patched.lock().expect("lock").insert(key.clone(), Instant::now());
-        ctx.metrics.status_patches.get_or_create(&crate::metrics::RegionLabels { region: spec.region.clone() }).inc();
+        ctx.metrics.status_patched(&spec.region);
     }
     ctx.failures.lock().expect("lock").remove(&key);
     Ok(Action::requeue(ctx.settings.refresh_interval))
