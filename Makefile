@@ -34,7 +34,7 @@ test: tools lint
 
 ## test-soak: the soak tests alone (the lease promise at the CRD defaults and with 16k leases)
 test-soak: tools
-	$(CARGO) test -p aether-operator --test lease_soak -- --ignored --test-threads=4
+	$(CARGO) test -p aether-operator --test soak -- --ignored --test-threads=4
 
 ## check-alerts: promtool check and unit tests of the alert rules, the kustomize copy equal to the chart's, the dashboard's queries
 check-alerts: tools

@@ -131,6 +131,11 @@ async fn crds_install_validate_and_print() -> anyhow::Result<()> {
             "spec.failureDetector.acceptablePauseSeconds",
         ),
         (
+            "acceptable pause not longer than the keepalive interval",
+            with(valid_spec(), &["failureDetector"], json!({"acceptablePauseSeconds": 10})),
+            "spec.failureDetector.acceptablePauseSeconds",
+        ),
+        (
             "keepalive more than a third of the TTL",
             with(valid_spec(), &["lease"], json!({"ttlSeconds": 10, "keepaliveIntervalSeconds": 4})),
             "spec.lease.keepaliveIntervalSeconds",

@@ -3,7 +3,7 @@
 //! split cut short, an unreadable checkpoint, a predecessor that changes the records while its
 //! successor takes over, counts across sessions, a deleted peering, and records of another
 //! format: none of them may delete a key whose origin key exists. (Tests that run for minutes,
-//! at the CRD defaults and at scale, are in `lease_soak.rs`.)
+//! at the CRD defaults and at scale, are in `soak.rs`.)
 mod support;
 
 use aether_harness::{EtcdServer, FaultProxy, wait_until};

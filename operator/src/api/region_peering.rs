@@ -55,7 +55,8 @@ pub const REGION_PATTERN: &str = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$";
 )]
 #[x_kube(validation = Rule::new("!has(self.peers) || self.peers.all(p, p.region != self.region)").message("a peer may not be the own region").field_path(".peers").reason(Reason::FieldValueInvalid))]
 #[x_kube(validation = Rule::new("!has(self.peers) || self.peers.all(p, p.endpoints.all(e, !(e in self.localEtcd.endpoints)))").message("a peer's endpoints may not be the local etcd's: the region would mirror into itself").field_path(".peers").reason(Reason::FieldValueInvalid))]
-#[x_kube(validation = Rule::new("!has(self.failureDetector) || !has(self.lease) || self.failureDetector.acceptablePauseSeconds < self.lease.ttlSeconds").message("failureDetector.acceptablePauseSeconds must be shorter than lease.ttlSeconds, or a peer is reported unreachable only after its mirror has lapsed").field_path(".failureDetector.acceptablePauseSeconds").reason(Reason::FieldValueInvalid))]
+#[x_kube(validation = Rule::new("!has(self.failureDetector) || !has(self.failureDetector.acceptablePauseSeconds) || self.failureDetector.acceptablePauseSeconds < (has(self.lease) ? self.lease.ttlSeconds : 30)").message("failureDetector.acceptablePauseSeconds must be shorter than lease.ttlSeconds, or a peer is reported unreachable only after its mirror has lapsed").field_path(".failureDetector.acceptablePauseSeconds").reason(Reason::FieldValueInvalid))]
+#[x_kube(validation = Rule::new("!has(self.failureDetector) || !has(self.failureDetector.acceptablePauseSeconds) || self.failureDetector.acceptablePauseSeconds > (has(self.lease) ? self.lease.keepaliveIntervalSeconds : 10)").message("failureDetector.acceptablePauseSeconds must be longer than lease.keepaliveIntervalSeconds: an idle, healthy peer answers once an interval, so a shorter pause reports it unreachable between two answers (leave it unset for twice the interval)").field_path(".failureDetector.acceptablePauseSeconds").reason(Reason::FieldValueInvalid))]
 #[serde(rename_all = "camelCase")]
 pub struct RegionPeeringSpec {
     /// This region's name, a DNS label. The operator mirrors `/aether/v1/regions/<region>/` of the
@@ -164,23 +165,25 @@ impl Default for LeaseSettings {
     }
 }
 
-/// The cross-region failure detector: a deadline on successful keepalive round trips.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
+/// The cross-region failure detector: a deadline on successful round trips to the peer
+/// (keepalive answers, Txns, reads). It only reports.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct FailureDetectorSettings {
-    /// A peer with no successful round trip for this long is reported unreachable.
-    #[serde(default = "default_acceptable_pause")]
-    #[schemars(range(min = 1, max = 600))]
-    pub acceptable_pause_seconds: i64,
+    /// A peer with no successful round trip for this long is reported unreachable. Unset, twice
+    /// the keepalive interval (20 s at the defaults): an idle, healthy peer answers once an
+    /// interval, so the pause must be longer than the interval, and shorter than the TTL.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 2, max = 600))]
+    pub acceptable_pause_seconds: Option<i64>,
 }
 
-fn default_acceptable_pause() -> i64 {
-    10
-}
-
-impl Default for FailureDetectorSettings {
-    fn default() -> Self {
-        FailureDetectorSettings { acceptable_pause_seconds: default_acceptable_pause() }
+impl FailureDetectorSettings {
+    /// The pause in force: the one set, or twice the keepalive interval, kept under the TTL.
+    pub fn effective_pause_seconds(&self, lease: &LeaseSettings) -> i64 {
+        self.acceptable_pause_seconds
+            .unwrap_or_else(|| (2 * lease.keepalive_interval_seconds).min(lease.ttl_seconds - 1))
+            .max(1)
     }
 }
 

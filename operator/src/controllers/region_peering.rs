@@ -456,7 +456,7 @@ fn mirror_config(spec: &RegionPeeringSpec, peer: &str, owner: &str) -> MirrorCon
     c.max_txn_bytes = spec.sync.max_txn_bytes.max(65536) as usize;
     c.max_request_bytes = spec.sync.max_request_bytes.max(65536) as usize;
     c.watch_linger = Duration::from_millis(spec.sync.watch_linger_milliseconds.clamp(0, 1000) as u64);
-    c.acceptable_pause = Duration::from_secs(spec.failure_detector.acceptable_pause_seconds.max(1) as u64);
+    c.acceptable_pause = Duration::from_secs(spec.failure_detector.effective_pause_seconds(&spec.lease) as u64);
     c
 }
 

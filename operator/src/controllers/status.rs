@@ -223,7 +223,7 @@ fn peers_reachable(f: &Facts) -> Verdict {
         format!(
             "no round trip to {} within {}s; nothing is deleted, the mirrors lapse only with their leases",
             unreachable.join(", "),
-            f.obs.spec.failure_detector.acceptable_pause_seconds
+            f.obs.spec.failure_detector.effective_pause_seconds(&f.obs.spec.lease)
         ),
     )
 }

@@ -66,7 +66,7 @@ impl MirrorConfig {
             max_pending_bytes: 64 << 20,
             backoff_base: Duration::from_millis(200),
             backoff_cap: Duration::from_secs(30),
-            acceptable_pause: Duration::from_secs(10),
+            acceptable_pause: Duration::from_secs(20),
             rpc_timeout: Duration::from_secs(10),
             progress_interval: Duration::from_secs(2),
             verify_interval: Duration::from_secs(5),

@@ -227,6 +227,7 @@ impl Worker {
             .when([owner_unchanged, checkpoint_unchanged, parts_unchanged])
             .and_then([TxnOp::put(key.as_str(), owner.encode(), None), self.progress_op(applied)]);
         let resp = self.rpc("take ownership", crate::mirror::target::kv(peer).txn(txn)).await?;
+        self.shared.detector_success();
         if !resp.succeeded() {
             anyhow::bail!(
                 "the mirror's records on the peer changed while this worker took over (a predecessor still writing?); reading them again"
@@ -237,6 +238,8 @@ impl Worker {
 
     /// The peer's records for this origin, within the RPC deadline.
     pub(super) async fn read_records(&self, peer: &Client) -> anyhow::Result<Records> {
-        self.rpc("read the mirror's records", read_records(peer, &self.config.origin)).await
+        let records = self.rpc("read the mirror's records", read_records(peer, &self.config.origin)).await?;
+        self.shared.detector_success();
+        Ok(records)
     }
 }

@@ -141,6 +141,7 @@ impl Worker {
                 let page = self
                     .page_of(self.config.page_size, peer, &peer_cursor, &range_end, None, &mut peer_largest)
                     .await?;
+                self.shared.detector_success();
                 peer_done = !page.more();
                 peer_buf.extend(page_kvs(page));
                 if let Some(last) = peer_buf.back() {

@@ -543,6 +543,7 @@ impl Worker {
             _ => subtree_end.clone(),
         };
         let peer_page = self.page_of(size, peer, &from, &range_end, None, &mut largest).await?;
+        self.shared.detector_success();
         let peer_more = peer_page.more();
         let peer_kvs: Vec<_> = page_kvs(peer_page).collect();
         let peer_last = peer_kvs.last().map(|kv| kv.key.clone());

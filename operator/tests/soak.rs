@@ -1,10 +1,12 @@
-//! The lease promise over minutes: partitions at the CRD defaults (TTL 30 s, keepalive 10 s), and
-//! tens of thousands of leases on a three-member peer whose keepalives go through followers. These
-//! tests mostly wait, so they run side by side (one binary, one thread each).
+//! The promises over minutes, at the CRD defaults (TTL 30 s, keepalive 10 s, the detector's pause
+//! twice the interval): partitions shorter than the TTL cost no key, tens of thousands of leases
+//! on a three-member peer are renewed through its followers, an idle federation neither reports a
+//! healthy peer unreachable nor writes anything, and a partition is reported once. These tests
+//! mostly wait, so they run side by side (one binary, one thread each), beside the e2e.
 mod support;
 
 use aether_harness::{EtcdCluster, EtcdServer, FaultProxy};
-use aether_operator::mirror::{EtcdTarget, MirrorConfig, MirrorEvent};
+use aether_operator::mirror::{EtcdTarget, MirrorConfig, MirrorEvent, Phase};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use support::etcd::*;
@@ -93,4 +95,70 @@ async fn sixteen_thousand_leases_through_followers_are_renewed_at_the_defaults()
     let mut cfg = defaults("w1");
     cfg.max_keys_per_lease = 2;
     many_leases_through_followers_hold(cfg).await;
+}
+
+/// The etcd's revision now: it moves with every write.
+async fn revision(c: &mut etcd_client::Client) -> i64 {
+    c.status().await.expect("status").header().expect("header").revision()
+}
+
+#[tokio::test]
+#[ignore = "soak: minutes at the CRD defaults; `make test` runs it beside the other suites (hack/test.sh)"]
+async fn an_idle_federation_at_the_defaults_reports_no_unreachable_peer_and_writes_nothing_for_ten_minutes() {
+    let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("b")).unwrap();
+    let mut o = connect(&[origin.endpoint()], None).await;
+    write_keys(&mut o, "a", 0..300, "v1").await;
+    let mut p = connect(&[peer.endpoint()], None).await;
+    let cfg = defaults("w1");
+    assert_eq!(cfg.acceptable_pause, 2 * cfg.keepalive_interval, "the CRD's default pause");
+    let (handle, mut events) = start(cfg, EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([peer.endpoint()]));
+    wait_synced(&handle).await;
+    // Settle: the last batch's progress is recorded once everything has landed.
+    converged(&o, &p, "a", DEADLINE).await;
+    let rounds = handle.health().keepalive_rounds;
+    wait_health(&handle, "a keepalive round after the sync", |h| h.keepalive_rounds > rounds).await;
+    drain_events(&mut events);
+    let (origin_before, peer_before) = (revision(&mut o).await, revision(&mut p).await);
+    let idle = Duration::from_secs(600);
+    tokio::time::sleep(idle).await; // the idle period itself: nothing may happen in it
+    let seen = drain_events(&mut events);
+    let flaps: Vec<&MirrorEvent> =
+        seen.iter().filter(|e| matches!(e, MirrorEvent::RegionUnreachable | MirrorEvent::RegionReachable)).collect();
+    assert!(flaps.is_empty(), "a healthy idle peer was reported unreachable: {flaps:?}");
+    assert_eq!(revision(&mut o).await, origin_before, "the origin etcd was written while idle");
+    assert_eq!(revision(&mut p).await, peer_before, "the peer etcd was written while idle: {seen:?}");
+    let health = handle.health();
+    assert!(health.reachable && health.phase == Phase::Watching, "{health:?}");
+    assert!(health.keepalive_rounds >= rounds + 50, "renewals went on: {health:?}");
+    handle.shutdown().await;
+}
+
+#[tokio::test]
+#[ignore = "soak: minutes at the CRD defaults; `make test` runs it beside the other suites (hack/test.sh)"]
+async fn at_the_defaults_a_35s_partition_is_reported_unreachable_once_and_reachable_once() {
+    let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("b")).unwrap();
+    let mut o = connect(&[origin.endpoint()], None).await;
+    write_keys(&mut o, "a", 0..300, "v1").await;
+    let p = connect(&[peer.endpoint()], None).await;
+    let proxy = FaultProxy::start(peer.client_addr()).await.unwrap();
+    let (handle, mut events) =
+        start(defaults("w1"), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([proxy.endpoint("http")]));
+    wait_synced(&handle).await;
+    drain_events(&mut events);
+
+    proxy.set_blackhole(true);
+    tokio::time::sleep(Duration::from_secs(35)).await; // the partition itself
+    proxy.reset_connections();
+    proxy.set_blackhole(false);
+    // Past the TTL the mirror lapsed on the peer; it comes back by a resync.
+    converged(&o, &p, "a", DEADLINE).await;
+    wait_health(&handle, "reachable again", |h| h.reachable).await;
+    let rounds = handle.health().keepalive_rounds;
+    wait_health(&handle, "renewals after the heal", |h| h.keepalive_rounds >= rounds + 2).await;
+    let pairs: Vec<MirrorEvent> = drain_events(&mut events)
+        .into_iter()
+        .filter(|e| matches!(e, MirrorEvent::RegionUnreachable | MirrorEvent::RegionReachable))
+        .collect();
+    assert_eq!(pairs, vec![MirrorEvent::RegionUnreachable, MirrorEvent::RegionReachable], "{:?}", handle.health());
+    handle.shutdown().await;
 }
