@@ -5,7 +5,7 @@ export AETHER_TOOLS_BIN := $(TOOLS_BIN)
 export PATH := $(TOOLS_BIN):$(PATH)
 CARGO ?= cargo
 
-.PHONY: all tools build manifests crds test test-soak test-etcd34 lint fmt bench demo e2e e2e-kind lint-chart check-alerts clean
+.PHONY: all tools build manifests crds chart krew test test-soak test-etcd34 lint fmt bench demo e2e e2e-kind lint-chart check-alerts clean
 
 all: build
 
@@ -20,6 +20,17 @@ build:
 manifests:
 	$(CARGO) run -q -p aether-operator -- manifests --root .
 crds: manifests
+
+## chart: the Helm chart packaged as target/chart/aether-federation-<version>.tgz; one version for
+## everything: Cargo.toml's, which Chart.yaml's version and appVersion must equal (hack/package.sh)
+chart: tools
+	hack/package.sh chart
+
+## krew: the kubectl plugin (kubectl aether status|doctor) of the same version: an archive per built
+## platform and the krew manifest naming them, in target/krew/ (KREW_URL_BASE: where they are served)
+krew:
+	$(CARGO) build --release -p aether-operator
+	hack/package.sh krew
 
 ## demo: two regions on this machine, an operator each; shows the federation and a region's mirror lapsing
 demo: tools
@@ -36,7 +47,8 @@ test: tools lint
 test-soak: tools
 	$(CARGO) test -p aether-operator --test soak -- --ignored --test-threads=4
 
-## check-alerts: promtool check and unit tests of the alert rules, the kustomize copy equal to the chart's, the dashboard's queries
+## check-alerts: the alert rules rendered by the chart (defaults and tuned values): promtool check and
+## unit tests, the kustomize copy equal to the default rendering, the dashboard's queries
 check-alerts: tools
 	hack/check-alerts.sh
 
@@ -45,7 +57,8 @@ e2e: tools
 	$(CARGO) build -q -p aether-operator
 	$(CARGO) test -p aether-e2e --test e2e -- --test-threads=1
 
-## lint-chart: helm lint, kubeconform -strict, server-side dry run of the chart and config/default
+## lint-chart: helm lint, kubeconform -strict, server-side dry run of the chart and config/default,
+## and helm install -> upgrade -> uninstall against a real kube-apiserver
 lint-chart: tools
 	$(CARGO) test -p aether-operator --test chart
 

@@ -37,17 +37,19 @@ export PATH
 command -v go >/dev/null || die "Go is needed to build kube-apiserver, etcd, helm, kubeconform and promtool; install Go 1.26.7+ (https://go.dev/doc/install)"
 mkdir -p "$bin_dir"
 
-# build NAME VERSION MODULE_DIR PACKAGE OUTPUT: go build PACKAGE from a wrapper module into the cache.
+# build NAME VERSION MODULE_DIR PACKAGE OUTPUT [LDFLAGS]: go build PACKAGE from a wrapper module
+# into the cache (LDFLAGS, when given, are part of the cache key).
 build_from_module() {
-  local name=$1 version=$2 moddir=$3 pkg=$4 out=$5
+  local name=$1 version=$2 moddir=$3 pkg=$4 out=$5 ldflags=${6:-}
   local dest=$tools_dir/$name-$version
+  [[ -z $ldflags ]] || dest=$dest-$(printf '%s' "$ldflags" | sha256sum | cut -c1-8)
   if [[ -x "$dest/$out" ]]; then
     say "$out $version: cached in $dest"
   else
     say "$out $version: building $pkg (this takes minutes the first time)"
     local start=$SECONDS
     mkdir -p "$dest.tmp"
-    (cd "$moddir" && CGO_ENABLED=0 go build -trimpath -o "$dest.tmp/$out" "$pkg")
+    (cd "$moddir" && CGO_ENABLED=0 go build -trimpath -ldflags "$ldflags" -o "$dest.tmp/$out" "$pkg")
     mkdir -p "$dest" && mv "$dest.tmp/$out" "$dest/$out" && rmdir "$dest.tmp"
     say "$out $version: built in $((SECONDS - start)) s"
   fi
@@ -91,8 +93,13 @@ ln -sf /usr/bin/etcdctl "$bin_dir/etcdctl-3.4"
 build_from_module etcd "$ETCD_VERSION" "$here/tools/etcd" go.etcd.io/etcd/server/v3 etcd
 build_from_module etcdctl "$ETCD_VERSION" "$here/tools/etcd" go.etcd.io/etcd/etcdctl/v3 etcdctl
 build_from_module etcdutl "$ETCD_VERSION" "$here/tools/etcd" go.etcd.io/etcd/etcdutl/v3 etcdutl
-build_from_module kube-apiserver "$KUBE_VERSION" "$here/tools/kube" k8s.io/kubernetes/cmd/kube-apiserver kube-apiserver
-build_from_module kubectl "$KUBE_VERSION" "$here/tools/kube" k8s.io/kubernetes/cmd/kubectl kubectl
+# Built from the module, the binaries would say they are v0.0.0-master: stamp the version in, as a
+# release build does, so that the API server reports it (Helm checks the chart's kubeVersion
+# against it on install).
+kube_minor=${KUBE_VERSION#v1.}
+kube_ldflags="-X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=${kube_minor%%.*} -X k8s.io/component-base/version.gitTreeState=clean"
+build_from_module kube-apiserver "$KUBE_VERSION" "$here/tools/kube" k8s.io/kubernetes/cmd/kube-apiserver kube-apiserver "$kube_ldflags"
+build_from_module kubectl "$KUBE_VERSION" "$here/tools/kube" k8s.io/kubernetes/cmd/kubectl kubectl "$kube_ldflags"
 go_install helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm
 go_install kubeconform "$KUBECONFORM_VERSION" github.com/yannh/kubeconform/cmd/kubeconform
 go_install promtool "$PROMETHEUS_VERSION" github.com/prometheus/prometheus/cmd/promtool

@@ -1,7 +1,9 @@
 //! The Helm chart: lint, render each variant of its values, check what each renders, validate the
 //! rendered manifests with kubeconform (strict, with the CRD schemas) and apply them with a
 //! server-side dry run to a real kube-apiserver. The same server-side dry run covers
-//! `kubectl apply -k config/default`.
+//! `kubectl apply -k config/default`. Then a release's life against a real kube-apiserver:
+//! `helm install`, `helm upgrade` (refused over stale CRDs), `helm uninstall` with its pre-delete
+//! hook, leaving no RegionPeering and nothing Terminating, and the CRDs in place.
 mod support;
 
 use aether_harness::{KubeApiserver, tool_path};
@@ -171,7 +173,11 @@ fn check_common(docs: &[Value]) {
     for doc in docs {
         with_labels(applied_name(doc), &doc["metadata"]["labels"]);
         if doc["kind"] == "ClusterRole" || doc["kind"] == "ClusterRoleBinding" {
-            assert!(name(doc).starts_with(SCOPED), "{} does not carry the release namespace", applied_name(doc));
+            assert!(
+                name(doc).starts_with(&format!("{NAMESPACE}-")),
+                "{} does not carry the release namespace",
+                applied_name(doc)
+            );
         }
     }
     let deployment = one(docs, "Deployment");
@@ -222,11 +228,59 @@ fn check_default(docs: &[Value]) {
         anti["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]["topologyKey"],
         "kubernetes.io/hostname"
     );
+    let spread = &one(docs, "Deployment")["spec"]["template"]["spec"]["topologySpreadConstraints"];
+    assert_eq!(
+        spread,
+        &serde_json::json!([{
+            "maxSkew": 1,
+            "topologyKey": "topology.kubernetes.io/zone",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "aether-operator", "app.kubernetes.io/instance": RELEASE}},
+        }]),
+        "a soft spread over zones by default"
+    );
+    assert_eq!(container(docs)["image"], format!("ghcr.io/aether/aether-operator:{}", env!("CARGO_PKG_VERSION")));
+    assert_eq!(container(docs)["livenessProbe"]["periodSeconds"], 10);
     let peering = one(docs, "RegionPeering");
     assert_eq!(peering["spec"]["sync"], serde_json::json!({"pageSize": 500}), "only the sync settings given");
     assert_eq!(peering["spec"]["deletionPolicy"], "Delete");
     assert_eq!(peering["spec"]["peers"].as_array().unwrap().len(), 2);
     assert!(of_kind(docs, "NetworkPolicy").is_empty() && of_kind(docs, "ServiceMonitor").is_empty());
+    check_uninstall_hook(docs);
+}
+
+/// The pre-delete hook of a chart-rendered RegionPeering: a Job deleting it and waiting for its
+/// finalizer, on a ServiceAccount allowed that and nothing else, created before Helm deletes
+/// anything, in pods no selector of the operator's picks up.
+fn check_uninstall_hook(docs: &[Value]) {
+    let hooked: Vec<&Value> =
+        docs.iter().filter(|d| d["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete").collect();
+    let mut kinds: Vec<&str> = hooked.iter().map(|d| d["kind"].as_str().unwrap()).collect();
+    kinds.sort();
+    assert_eq!(kinds, ["Job", "Role", "RoleBinding", "ServiceAccount"], "the hook's objects");
+    let job = one(docs, "Job");
+    assert_eq!(job["metadata"]["annotations"]["helm.sh/hook-delete-policy"], "before-hook-creation,hook-succeeded");
+    let pod = &job["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], format!("{RELEASE}-uninstall"));
+    let hook = &pod["containers"][0];
+    assert_eq!(hook["command"], serde_json::json!(["kubectl"]));
+    let args: Vec<&str> = hook["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap()).collect();
+    assert_eq!(&args[..3], ["delete", "regionpeering", "eu-west"]);
+    for arg in [format!("--namespace={NAMESPACE}"), "--wait".into(), "--ignore-not-found".into()] {
+        assert!(args.contains(&arg.as_str()), "{arg} not in {args:?}");
+    }
+    assert!(hook["image"].as_str().unwrap().starts_with("registry.k8s.io/kubectl:"));
+    assert_eq!(hook["securityContext"]["readOnlyRootFilesystem"], Value::Bool(true));
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], Value::Bool(true));
+    let selector = &one(docs, "Deployment")["spec"]["selector"]["matchLabels"];
+    let labels = &job["spec"]["template"]["metadata"]["labels"];
+    assert!(
+        selector.as_object().unwrap().iter().any(|(k, v)| &labels[k.as_str()] != v),
+        "the hook's pod must not match the operator's selector: {labels}"
+    );
+    let role = of_kind(docs, "Role").into_iter().find(|r| name(r) == format!("{RELEASE}-uninstall")).unwrap();
+    assert_eq!(role["rules"][0]["resourceNames"], serde_json::json!(["eu-west"]));
+    assert!(!grants(role, "secrets") && !grants(role, "deployments"));
 }
 
 /// watchNamespaces={a,b}: a Role and a RoleBinding in exactly a and b, nothing cluster-wide for the data.
@@ -271,7 +325,8 @@ fn check_insecure(docs: &[Value]) {
     }
     let endpoint = &one(docs, "ServiceMonitor")["spec"]["endpoints"][0];
     assert_eq!(endpoint["scheme"], "http");
-    assert!(endpoint["bearerTokenFile"].is_null() && endpoint["tlsConfig"].is_null(), "{endpoint}");
+    assert!(endpoint["authorization"].is_null() && endpoint["tlsConfig"].is_null(), "{endpoint}");
+    assert!(of_kind(docs, "Secret").is_empty(), "no token without the secure endpoint");
 }
 
 /// A ServiceMonitor of the secure endpoint, a certificate Secret and a bound scraper.
@@ -287,8 +342,28 @@ fn check_service_monitor(docs: &[Value]) {
     let endpoint = &monitor["spec"]["endpoints"][0];
     assert_eq!(endpoint["port"], "metrics");
     assert_eq!(endpoint["scheme"], "https");
-    assert_eq!(endpoint["bearerTokenFile"], "/var/run/secrets/kubernetes.io/serviceaccount/token");
-    assert_eq!(endpoint["tlsConfig"], serde_json::json!({"insecureSkipVerify": true}));
+    assert!(endpoint["bearerTokenFile"].is_null(), "the deprecated bearerTokenFile: {endpoint}");
+    assert_eq!(
+        endpoint["authorization"],
+        serde_json::json!({"type": "Bearer", "credentials": {"name": format!("{RELEASE}-metrics-scraper-token"), "key": "token"}})
+    );
+    assert_eq!(
+        endpoint["tlsConfig"],
+        serde_json::json!({"ca": {"secret": {"name": "aether-metrics-tls", "key": "ca.crt"}}, "serverName": format!("{RELEASE}-metrics.{NAMESPACE}.svc")}),
+        "the CA verifies the operator's certificate"
+    );
+    let token = one(docs, "Secret");
+    assert_eq!(token["type"], "kubernetes.io/service-account-token");
+    assert_eq!(
+        token["metadata"]["annotations"]["kubernetes.io/service-account.name"],
+        format!("{RELEASE}-metrics-scraper")
+    );
+    let scraper = of_kind(docs, "ClusterRoleBinding")
+        .into_iter()
+        .find(|b| name(b) == format!("{SCOPED}-metrics-scraper"))
+        .expect("the chart's scraper bound to the reader role");
+    assert_eq!(scraper["roleRef"]["name"], format!("{SCOPED}-metrics-reader"));
+    assert_eq!(scraper["subjects"][0]["name"], format!("{RELEASE}-metrics-scraper"));
     assert!(args(docs).iter().any(|a| a == "--metrics-cert-dir=/etc/aether/metrics-tls"), "{:?}", args(docs));
     let mount = &container(docs)["volumeMounts"][0];
     assert_eq!(mount["mountPath"], "/etc/aether/metrics-tls");
@@ -332,11 +407,57 @@ fn check_network_policy(docs: &[Value]) {
     );
 }
 
-/// prometheusRule.enabled: the alerting rules as a PrometheusRule.
+/// Every alert of a PrometheusRule, by name.
+fn alerts(docs: &[Value]) -> std::collections::BTreeMap<String, Value> {
+    one(docs, "PrometheusRule")["spec"]["groups"]
+        .as_array()
+        .expect("rule groups")
+        .iter()
+        .flat_map(|g| g["rules"].as_array().unwrap().iter())
+        .filter_map(|r| Some((r["alert"].as_str()?.to_string(), r.clone())))
+        .collect()
+}
+
+/// prometheusRule.enabled: the alerting rules as a PrometheusRule, each linking its runbook at the
+/// chart version's tag.
 fn check_prometheus_rule(docs: &[Value]) {
     let rule = one(docs, "PrometheusRule");
     assert_eq!(namespace(rule), NAMESPACE);
-    assert!(!rule["spec"]["groups"].as_array().map(Vec::is_empty).unwrap_or(true), "no rule groups");
+    let alerts = alerts(docs);
+    assert!(alerts.len() >= 17, "{:?}", alerts.keys());
+    let runbooks = std::fs::read_to_string(repo("docs/runbooks.md")).unwrap();
+    for (name, alert) in &alerts {
+        let url = format!(
+            "https://github.com/aether/aether-federation/blob/v{}/docs/runbooks.md#{}",
+            env!("CARGO_PKG_VERSION"),
+            name.to_lowercase()
+        );
+        assert_eq!(alert["annotations"]["runbook_url"], url);
+        assert!(runbooks.contains(&format!("\n## {name}\n")), "docs/runbooks.md has no section {name}");
+        assert!(alert["labels"]["severity"].is_string(), "{name}");
+    }
+    assert!(alerts["AetherFederationReplicationLagHigh"]["expr"].as_str().unwrap().ends_with("> 60"));
+    assert!(alerts.contains_key("AetherFederationRevisionsSplit"));
+}
+
+/// The rules from non-default values: thresholds, labels on every alert (an alert's own severity
+/// wins), an alert left out, the runbooks elsewhere.
+fn check_prometheus_rule_tuned(docs: &[Value]) {
+    let alerts = alerts(docs);
+    assert!(!alerts.contains_key("AetherFederationRevisionsSplit"), "disabled");
+    let lag = &alerts["AetherFederationReplicationLagHigh"];
+    assert!(lag["expr"].as_str().unwrap().ends_with("> 120"), "{lag}");
+    assert!(lag["annotations"]["description"].as_str().unwrap().contains("older than 120 seconds"));
+    let slow = &alerts["AetherFederationKeepaliveSlow"];
+    assert!(slow["expr"].as_str().unwrap().trim_end().ends_with("> 2"), "{slow}");
+    for (name, alert) in &alerts {
+        assert_eq!(alert["labels"]["team"], "platform", "{name}");
+        assert_ne!(alert["labels"]["severity"], "page", "{name}: its own severity wins");
+        assert_eq!(
+            alert["annotations"]["runbook_url"],
+            format!("https://wiki.example.net/aether/runbooks#{}", name.to_lowercase())
+        );
+    }
 }
 
 /// grafanaDashboard.enabled: the dashboard as a ConfigMap for Grafana's sidecar.
@@ -348,6 +469,86 @@ fn check_grafana_dashboard(docs: &[Value]) {
             .any(|v| v.as_str().and_then(|s| serde_json::from_str::<Value>(s).ok()).is_some_and(|j| j.is_object())),
         "no dashboard JSON in {}",
         name(map)
+    );
+}
+
+/// What most clusters set: a priority class, a spread over zones that must hold, labels and
+/// annotations for the pods, more flags and environment, an existing ServiceAccount, the image by
+/// digest from a private registry (a parent chart's pull Secrets too), other names, probe timing,
+/// tolerations and resources.
+const CLUSTER_VALUES: &[&str] = &[
+    "fullnameOverride=fed",
+    "image.digest=sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+    "imagePullSecrets[0].name=regcred",
+    "global.imagePullSecrets[0]=regcred",
+    "global.imagePullSecrets[1].name=mirror",
+    "serviceAccount.create=false",
+    "serviceAccount.name=platform-ops",
+    "priorityClassName=system-cluster-critical",
+    "podAnnotations.example\\.com/team=federation",
+    "podLabels.tier=control",
+    "podLabels.app\\.kubernetes\\.io/name=someone-else",
+    "extraArgs={--refresh-seconds=10}",
+    "extraEnv[0].name=RUST_BACKTRACE",
+    "extraEnv[0].value=full",
+    "livenessProbe.timeoutSeconds=5",
+    "readinessProbe.periodSeconds=5",
+    "tolerations[0].key=dedicated",
+    "tolerations[0].operator=Equal",
+    "tolerations[0].value=platform",
+    "tolerations[0].effect=NoSchedule",
+    "topologySpreadConstraints[0].maxSkew=1",
+    "topologySpreadConstraints[0].topologyKey=topology.kubernetes.io/zone",
+    "topologySpreadConstraints[0].whenUnsatisfiable=DoNotSchedule",
+    "resources.requests.cpu=100m",
+    "resources.limits.memory=512Mi",
+];
+
+fn check_cluster_values(docs: &[Value]) {
+    let deployment = one(docs, "Deployment");
+    assert_eq!(name(deployment), "fed");
+    assert_eq!(name(one(docs, "Service")), "fed-metrics");
+    let pod = &deployment["spec"]["template"];
+    let spec = &pod["spec"];
+    assert_eq!(
+        container(docs)["image"],
+        "ghcr.io/aether/aether-operator@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+    );
+    assert_eq!(spec["imagePullSecrets"], serde_json::json!([{"name": "regcred"}, {"name": "mirror"}]));
+    assert_eq!(spec["serviceAccountName"], "platform-ops");
+    assert!(of_kind(docs, "ServiceAccount").is_empty(), "an existing ServiceAccount is not rendered");
+    for binding in of_kind(docs, "ClusterRoleBinding").into_iter().chain(of_kind(docs, "RoleBinding")) {
+        assert_eq!(binding["subjects"][0]["name"], "platform-ops", "{}", name(binding));
+    }
+    assert_eq!(spec["priorityClassName"], "system-cluster-critical");
+    assert_eq!(pod["metadata"]["annotations"]["example.com/team"], "federation");
+    assert_eq!(pod["metadata"]["labels"]["tier"], "control");
+    assert_eq!(pod["metadata"]["labels"]["app.kubernetes.io/name"], "aether-operator", "the chart's labels win");
+    assert_eq!(args(docs).last().map(String::as_str), Some("--refresh-seconds=10"));
+    assert!(
+        container(docs)["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["name"] == "RUST_BACKTRACE" && e["value"] == "full")
+    );
+    assert_eq!(container(docs)["livenessProbe"]["timeoutSeconds"], 5);
+    assert_eq!(container(docs)["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(container(docs)["readinessProbe"]["periodSeconds"], 5);
+    assert_eq!(
+        spec["tolerations"],
+        serde_json::json!([{"key": "dedicated", "operator": "Equal", "value": "platform", "effect": "NoSchedule"}])
+    );
+    let spread = &spec["topologySpreadConstraints"];
+    assert_eq!(spread.as_array().unwrap().len(), 1, "the given constraints replace the default");
+    assert_eq!(spread[0]["whenUnsatisfiable"], "DoNotSchedule");
+    assert_eq!(
+        spread[0]["labelSelector"]["matchLabels"]["app.kubernetes.io/instance"], RELEASE,
+        "the chart's selector"
+    );
+    assert_eq!(
+        container(docs)["resources"],
+        serde_json::json!({"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "512Mi"}})
     );
 }
 
@@ -399,6 +600,20 @@ fn variants() -> Vec<Variant> {
             check: check_network_policy,
         },
         Variant { name: "prometheus rule", sets: &["prometheusRule.enabled=true"], check: check_prometheus_rule },
+        Variant {
+            name: "prometheus rule tuned",
+            sets: &[
+                "prometheusRule.enabled=true",
+                "prometheusRule.thresholds.replicationLagSeconds=120",
+                "prometheusRule.thresholds.keepaliveRoundTripSeconds=2",
+                "prometheusRule.additionalRuleLabels.team=platform",
+                "prometheusRule.additionalRuleLabels.severity=page",
+                "prometheusRule.disabled.AetherFederationRevisionsSplit=true",
+                "prometheusRule.runbookBaseURL=https://wiki.example.net/aether/runbooks/",
+            ],
+            check: check_prometheus_rule_tuned,
+        },
+        Variant { name: "cluster values", sets: CLUSTER_VALUES, check: check_cluster_values },
         Variant { name: "grafana dashboard", sets: &["grafanaDashboard.enabled=true"], check: check_grafana_dashboard },
         Variant { name: "one replica", sets: &["replicaCount=1"], check: check_one_replica },
     ]
@@ -411,11 +626,68 @@ async fn the_chart_lints_validates_and_applies() {
     run(Command::new(&helm).arg("lint").arg(&chart).args(["--kube-version", "1.35.0"]));
 
     // values.schema.json rejects what the chart cannot render, naming the value.
-    let rejected =
-        fails(&mut render_in(NAMESPACE, &["logFormat=xml", "metrics.port=0", "podDisruptionBudget.minAvailable=1"]));
-    for value in ["logFormat", "metrics/port", "minAvailable"] {
+    let rejected = fails(&mut render_in(
+        NAMESPACE,
+        &[
+            "logFormat=xml",
+            "metrics.port=0",
+            "podDisruptionBudget.minAvailable=1",
+            "resources.requests.cpu=lots",
+            "tolerations[0].operator=Sometimes",
+            "image.digest=latest",
+            "livenessProbe.httpGet.path=/elsewhere",
+            "extraArgs={run}",
+            "prometheusRule.disabled.AetherFederationNoSuchAlert=true",
+            "prometheusRule.thresholds.replicationLagSeconds=soon",
+        ],
+    ));
+    for value in [
+        "logFormat",
+        "metrics/port",
+        "minAvailable",
+        "resources/requests/cpu",
+        "tolerations/0/operator",
+        "image/digest",
+        "httpGet",
+        "extraArgs/0",
+        "AetherFederationNoSuchAlert",
+        "thresholds/replicationLagSeconds",
+    ] {
         assert!(rejected.contains(value), "the schema does not name {value}:\n{rejected}");
     }
+    // What the schema cannot say, the templates do.
+    assert!(fails(&mut render_in(NAMESPACE, &["serviceAccount.create=false"])).contains("serviceAccount.name"));
+    let unverified = fails(&mut render_in(NAMESPACE, &["metrics.serviceMonitor.enabled=true"]));
+    assert!(
+        unverified.contains("insecureSkipVerify"),
+        "a self-signed certificate needs an explicit choice: {unverified}"
+    );
+    let skipping = documents(&run(&mut render_in(
+        NAMESPACE,
+        &["metrics.serviceMonitor.enabled=true", "metrics.serviceMonitor.insecureSkipVerify=true"],
+    )));
+    assert_eq!(
+        one(&skipping, "ServiceMonitor")["spec"]["endpoints"][0]["tlsConfig"],
+        serde_json::json!({"insecureSkipVerify": true})
+    );
+    // The schema's list of alerts one may disable is the chart's list of alerts.
+    let schema: Value =
+        serde_json::from_str(&std::fs::read_to_string(repo("charts/aether-federation/values.schema.json")).unwrap())
+            .unwrap();
+    let mut disableable: Vec<String> =
+        schema["properties"]["prometheusRule"]["properties"]["disabled"]["propertyNames"]["enum"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_string())
+            .collect();
+    disableable.sort();
+    let rendered = alerts(&documents(&run(&mut render_in(NAMESPACE, &["prometheusRule.enabled=true"]))));
+    assert_eq!(
+        disableable,
+        rendered.keys().cloned().collect::<Vec<_>>(),
+        "values.schema.json's prometheusRule.disabled"
+    );
     // A RegionPeering the operator would never serve.
     let mut outside = REGION_PEERING.to_vec();
     outside.push("watchNamespaces={a,b}");
@@ -487,5 +759,280 @@ async fn the_chart_lints_validates_and_applies() {
         "clusterrole.rbac.authorization.k8s.io/aether-federation-registryschema-viewer",
     ] {
         assert!(kustomized.contains(object), "{object} not applied:\n{kustomized}");
+    }
+}
+
+/// One version for everything: the crate's, the chart's version and appVersion (so the default
+/// image tag), the kustomize image; and the chart's CRDs are the generated ones.
+#[test]
+fn the_crate_the_chart_and_the_image_share_one_version() {
+    let version = env!("CARGO_PKG_VERSION");
+    let chart = std::fs::read_to_string(repo("charts/aether-federation/Chart.yaml")).unwrap();
+    let field = |key: &str| {
+        chart
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{key}:")))
+            .map(|v| v.trim().trim_matches('"').to_string())
+            .unwrap_or_default()
+    };
+    assert_eq!((field("version"), field("appVersion")), (version.to_string(), version.to_string()), "Chart.yaml");
+    let manager = std::fs::read_to_string(repo("config/manager/deployment.yaml")).unwrap();
+    assert!(manager.contains(&format!("image: ghcr.io/aether/aether-operator:{version}")), "config/manager");
+    let kustomization = std::fs::read_to_string(repo("config/default/kustomization.yaml")).unwrap();
+    assert!(kustomization.contains(&format!("newTag: {version}")), "config/default");
+    let chart_crds = repo("charts/aether-federation/crds");
+    let mut names: Vec<String> = std::fs::read_dir(&chart_crds)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    let mut generated: Vec<String> = aether_operator::api::crd_files().into_iter().map(|(name, _)| name).collect();
+    generated.sort();
+    assert_eq!(names, generated, "the chart's crds/ holds the CRDs and nothing else");
+    for (name, contents) in aether_operator::api::crd_files() {
+        assert_eq!(
+            std::fs::read_to_string(chart_crds.join(&name)).unwrap(),
+            contents,
+            "charts/aether-federation/crds/{name} is out of date: run `make manifests`"
+        );
+    }
+}
+
+/// `helm <args> --kubeconfig <the apiserver's>`.
+fn helm_on(apiserver: &KubeApiserver, args: &[&str]) -> Command {
+    let mut cmd = Command::new(tool_path("helm").unwrap());
+    cmd.args(args).arg("--kubeconfig").arg(apiserver.kubeconfig());
+    cmd
+}
+
+/// kubectl as the admin; its stdout, or None when it fails.
+fn kubectl_ok(apiserver: &KubeApiserver, args: &[&str]) -> Option<String> {
+    let out = apiserver.kubectl().unwrap().args(args).output().unwrap();
+    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).to_string())
+}
+
+/// Waits up to a minute for `what` to hold.
+fn wait_for<T>(what: &str, mut probe: impl FnMut() -> Option<T>) -> T {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        if let Some(value) = probe() {
+            return value;
+        }
+        assert!(std::time::Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
+/// Every object the API server lists, as JSON.
+fn everything(apiserver: &KubeApiserver) -> Vec<Value> {
+    let kinds = kubectl_ok(apiserver, &["api-resources", "--verbs=list", "-o", "name"]).unwrap();
+    let kinds: Vec<&str> = kinds.lines().filter(|k| !k.starts_with("componentstatuses")).collect();
+    let listed = kubectl_ok(apiserver, &["get", &kinds.join(","), "-A", "-o", "json"]).unwrap();
+    serde_json::from_str::<Value>(&listed).unwrap()["items"].as_array().unwrap().clone()
+}
+
+const RELEASE_VALUES: &[&str] = &[
+    "regionPeering.enabled=true",
+    "regionPeering.region=eu-west",
+    "regionPeering.localEtcd.endpoints={https://registry-etcd:2379}",
+    "regionPeering.localEtcd.tlsSecret=registry-etcd-client",
+    "regionPeering.peerEtcd={us-east=https://etcd.us-east.example.net:2379}",
+    "regionPeering.peerTlsSecrets.us-east=us-east-etcd-client",
+    "prometheusRule.enabled=true",
+    "grafanaDashboard.enabled=true",
+    "metrics.serviceMonitor.enabled=true",
+    "metrics.certSecret=aether-metrics-tls",
+];
+
+/// A release's life against a real kube-apiserver, where nothing reconciles: the test plays the
+/// operator (a finalizer on the RegionPeering, removed once it is being deleted) and the kubelet
+/// (it runs the uninstall hook's command with the hook's own ServiceAccount, and completes its
+/// Job). Install puts the CRDs in from crds/; upgrade changes what the values say and is refused
+/// over CRDs of another version until they are applied; uninstall deletes the RegionPeering while
+/// the operator and its RBAC are still there, then everything of the release but the CRDs, and
+/// leaves nothing Terminating.
+#[tokio::test]
+async fn a_release_installs_upgrades_and_uninstalls_leaving_nothing_behind() {
+    let apiserver = KubeApiserver::start("chart-release").await.unwrap();
+    let client = apiserver.client().await.unwrap();
+    ensure_namespace(&client, NAMESPACE).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let stand_ins = dir.path().join("monitoring-crds.yaml");
+    std::fs::write(&stand_ins, MONITORING_STAND_INS).unwrap();
+    run(apiserver.kubectl().unwrap().args(["apply", "-f"]).arg(&stand_ins));
+    run(apiserver.kubectl().unwrap().args([
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/servicemonitors.monitoring.coreos.com",
+        "crd/prometheusrules.monitoring.coreos.com",
+    ]));
+    let chart = repo("charts/aether-federation");
+    let chart = chart.to_str().unwrap();
+    let with_values = |args: &[&str], extra: &[&str]| -> Command {
+        let mut cmd = helm_on(&apiserver, args);
+        for set in RELEASE_VALUES.iter().chain(extra) {
+            cmd.arg("--set").arg(set);
+        }
+        cmd
+    };
+
+    // Install: the CRDs first (crds/), then the release.
+    run(&mut with_values(&["install", RELEASE, chart, "--namespace", NAMESPACE], &[]));
+    for crd in ["regionpeerings.federation.aether.dev", "registryschemas.federation.aether.dev"] {
+        let annotations = kubectl(&apiserver, &["get", "crd", crd, "-o", "jsonpath={.metadata.annotations}"]);
+        assert!(annotations.contains("federation.aether.dev/schema-digest"), "{crd}: {annotations}");
+    }
+    for object in ["deployment", "poddisruptionbudget", "prometheusrule", "servicemonitor", "configmap"] {
+        let object =
+            if object == "configmap" { format!("{object}/{RELEASE}-dashboard") } else { format!("{object}/{RELEASE}") };
+        kubectl(&apiserver, &["-n", NAMESPACE, "get", &object]);
+    }
+    // Helm checked the chart's kubeVersion against the version this API server reports.
+    assert!(kubectl(&apiserver, &["get", "--raw", "/version"]).contains("\"gitVersion\": \"v1.35"));
+    let peering = kubectl(&apiserver, &["-n", NAMESPACE, "get", "regionpeering", "eu-west", "-o", "json"]);
+    let peering: Value = serde_json::from_str(&peering).unwrap();
+    assert_eq!(peering["spec"]["peers"][0]["tls"]["secretRef"]["name"], "us-east-etcd-client");
+    // The operator would add its finalizer on its first reconcile.
+    let finalize = r#"{"metadata":{"finalizers":["federation.aether.dev/mirror"]}}"#;
+    kubectl(&apiserver, &["-n", NAMESPACE, "patch", "regionpeering", "eu-west", "--type=merge", "-p", finalize]);
+
+    // Upgrade: what the new values say, and nothing the operator added is lost.
+    let upgrade_values = [
+        "replicaCount=1",
+        "regionPeering.lease.ttlSeconds=60",
+        "prometheusRule.thresholds.replicationLagSeconds=120",
+        "podLabels.tier=control",
+    ];
+    run(&mut with_values(&["upgrade", RELEASE, chart, "--namespace", NAMESPACE], &upgrade_values));
+    let deployment: Value =
+        serde_json::from_str(&kubectl(&apiserver, &["-n", NAMESPACE, "get", "deployment", RELEASE, "-o", "json"]))
+            .unwrap();
+    assert_eq!(deployment["spec"]["replicas"], 1);
+    assert_eq!(deployment["spec"]["template"]["metadata"]["labels"]["tier"], "control");
+    assert!(
+        kubectl_ok(&apiserver, &["-n", NAMESPACE, "get", "poddisruptionbudget", RELEASE]).is_none(),
+        "one replica: the PDB goes"
+    );
+    let peering: Value =
+        serde_json::from_str(&kubectl(&apiserver, &["-n", NAMESPACE, "get", "regionpeering", "eu-west", "-o", "json"]))
+            .unwrap();
+    assert_eq!(peering["spec"]["lease"]["ttlSeconds"], 60);
+    assert_eq!(peering["metadata"]["finalizers"], serde_json::json!(["federation.aether.dev/mirror"]));
+    let rules: Value =
+        serde_json::from_str(&kubectl(&apiserver, &["-n", NAMESPACE, "get", "prometheusrule", RELEASE, "-o", "json"]))
+            .unwrap();
+    let lag = rules["spec"]["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_array().unwrap().iter())
+        .find(|r| r["alert"] == "AetherFederationReplicationLagHigh")
+        .unwrap();
+    assert!(lag["expr"].as_str().unwrap().ends_with("> 120"), "the new threshold: {lag}");
+
+    // CRDs of another version: the upgrade is refused, naming the command; once the chart's
+    // CRDs are applied, it goes through.
+    let stale = "federation.aether.dev/schema-digest=0000000000000000";
+    kubectl(&apiserver, &["annotate", "crd", "regionpeerings.federation.aether.dev", stale, "--overwrite"]);
+    let refused = fails(&mut with_values(&["upgrade", RELEASE, chart, "--namespace", NAMESPACE], &upgrade_values));
+    assert!(refused.contains("kubectl apply --server-side --force-conflicts"), "{refused}");
+    let crds = repo("charts/aether-federation/crds");
+    run(apiserver.kubectl().unwrap().args(["apply", "--server-side", "--force-conflicts", "-f"]).arg(&crds));
+    run(&mut with_values(&["upgrade", RELEASE, chart, "--namespace", NAMESPACE], &upgrade_values));
+
+    // Uninstall. Helm runs the pre-delete hook first and waits for its Job.
+    let mut uninstall = helm_on(&apiserver, &["uninstall", RELEASE, "--namespace", NAMESPACE, "--timeout", "120s"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let job_name = format!("{RELEASE}-uninstall");
+    let job: Value = wait_for("the uninstall hook's Job", || {
+        kubectl_ok(&apiserver, &["-n", NAMESPACE, "get", "job", &job_name, "-o", "json"])
+            .map(|j| serde_json::from_str(&j).unwrap())
+    });
+    let hook = &job["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(hook["command"], serde_json::json!(["kubectl"]));
+    let hook_args: Vec<String> =
+        hook["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap().to_string()).collect();
+    // The kubelet's part: the hook's command, with the hook's ServiceAccount's token.
+    let account = job["spec"]["template"]["spec"]["serviceAccountName"].as_str().unwrap().to_string();
+    let as_hook = service_account_kubeconfig(&apiserver, NAMESPACE, &account, "uninstall-hook");
+    let hook_run = Command::new(tool_path("kubectl").unwrap())
+        .arg("--kubeconfig")
+        .arg(&as_hook)
+        .args(&hook_args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The operator's part: the RegionPeering is being deleted while the operator, its
+    // ServiceAccount and its RBAC are all still there; the finalizer runs and goes.
+    wait_for("the RegionPeering being deleted", || {
+        kubectl_ok(
+            &apiserver,
+            &["-n", NAMESPACE, "get", "regionpeering", "eu-west", "-o", "jsonpath={.metadata.deletionTimestamp}"],
+        )
+        .filter(|t| !t.is_empty())
+    });
+    for object in [
+        format!("deployment/{RELEASE}"),
+        format!("serviceaccount/{RELEASE}"),
+        format!("rolebinding/{RELEASE}-leader-election"),
+    ] {
+        assert!(
+            kubectl_ok(&apiserver, &["-n", NAMESPACE, "get", &object]).is_some(),
+            "{object} went before the RegionPeering"
+        );
+    }
+    assert!(kubectl_ok(&apiserver, &["get", "clusterrolebinding", SCOPED]).is_some(), "the operator's RBAC went first");
+    let unfinalize = r#"{"metadata":{"finalizers":null}}"#;
+    kubectl(&apiserver, &["-n", NAMESPACE, "patch", "regionpeering", "eu-west", "--type=merge", "-p", unfinalize]);
+    let hook_out = hook_run.wait_with_output().unwrap();
+    assert!(hook_out.status.success(), "the hook's command failed: {}", String::from_utf8_lossy(&hook_out.stderr));
+    // The Job succeeded: the kubelet and the Job controller would say so.
+    let at = run(Command::new("date").args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])).trim().to_string();
+    let complete = serde_json::json!({"status": {
+        "startTime": at, "completionTime": at, "succeeded": 1,
+        "conditions": [
+            {"type": "SuccessCriteriaMet", "status": "True", "lastTransitionTime": at},
+            {"type": "Complete", "status": "True", "lastTransitionTime": at},
+        ],
+    }})
+    .to_string();
+    kubectl(
+        &apiserver,
+        &["-n", NAMESPACE, "patch", "job", &job_name, "--subresource=status", "--type=merge", "-p", &complete],
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let status = loop {
+        if let Some(status) = uninstall.try_wait().unwrap() {
+            break status;
+        }
+        assert!(std::time::Instant::now() < deadline, "helm uninstall did not finish");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    let out = uninstall.wait_with_output().unwrap();
+    assert!(status.success(), "helm uninstall: {}", String::from_utf8_lossy(&out.stderr));
+
+    // Nothing of the release is left but the CRDs (Helm never deletes crds/), no RegionPeering,
+    // and nothing is Terminating.
+    assert!(run(&mut helm_on(&apiserver, &["list", "--all-namespaces", "-q"])).trim().is_empty());
+    let left = everything(&apiserver);
+    let terminating: Vec<String> = left
+        .iter()
+        .filter(|o| !o["metadata"]["deletionTimestamp"].is_null())
+        .map(|o| format!("{} {}", o["kind"], name(o)))
+        .collect();
+    assert!(terminating.is_empty(), "Terminating: {terminating:?}");
+    let of_release: Vec<String> = left
+        .iter()
+        .filter(|o| o["metadata"]["labels"]["app.kubernetes.io/instance"] == RELEASE || o["kind"] == "RegionPeering")
+        .map(|o| format!("{} {}", o["kind"], name(o)))
+        .collect();
+    assert!(of_release.is_empty(), "left behind: {of_release:?}");
+    for crd in ["regionpeerings.federation.aether.dev", "registryschemas.federation.aether.dev"] {
+        assert!(kubectl_ok(&apiserver, &["get", "crd", crd]).is_some(), "{crd}: the CRDs stay");
     }
 }

@@ -1,5 +1,44 @@
+{{/* The base of every name in the release namespace: fullnameOverride, or the release's name. */}}
 {{- define "aether.fullname" -}}
-{{- printf "%s" .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- .Values.fullnameOverride | default .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The operator's ServiceAccount: the chart's (serviceAccount.create), or one given by name. */}}
+{{- define "aether.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- .Values.serviceAccount.name | default (include "aether.fullname" .) -}}
+{{- else -}}
+{{- required "serviceAccount.name is required when serviceAccount.create is false: the operator's RBAC is bound to it" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The operator's image: by digest when image.digest is set (the tag is then ignored). */}}
+{{- define "aether.image" -}}
+{{- with .Values.image -}}
+{{- if .digest -}}
+{{- printf "%s@%s" .repository .digest -}}
+{{- else -}}
+{{- printf "%s:%s" .repository (.tag | default $.Chart.AppVersion) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+imagePullSecrets: global.imagePullSecrets (of a parent chart; names or {name: ...}) and the chart's
+own, each name once.
+*/}}
+{{- define "aether.imagePullSecrets" -}}
+{{- $names := list -}}
+{{- range concat ((.Values.global | default dict).imagePullSecrets | default list) (.Values.imagePullSecrets | default list) -}}
+{{- if kindIs "string" . -}}
+{{- $names = append $names . -}}
+{{- else -}}
+{{- $names = append $names .name -}}
+{{- end -}}
+{{- end -}}
+{{- range uniq $names }}
+- name: {{ . }}
+{{- end -}}
 {{- end -}}
 
 {{/*
