@@ -156,6 +156,12 @@ impl EtcdCluster {
         pki.client(&format!("{}-client-{user}", self.name), user, &[])
     }
 
+    /// A client certificate for `user`, signed by the cluster's CA, that expired in 2021.
+    pub fn expired_client_cert(&self, user: &str) -> anyhow::Result<CertFiles> {
+        let (pki, _) = self.pki.as_ref().ok_or_else(|| anyhow::anyhow!("cluster {} has no TLS", self.name))?;
+        pki.expired_client(&format!("{}-expired-{user}", self.name), user)
+    }
+
     /// Saves a snapshot through the first running member.
     pub fn snapshot_save(&self, path: &Path) -> anyhow::Result<()> {
         let member = self

@@ -48,6 +48,16 @@ impl Pki {
         self.sign(name, params)
     }
 
+    /// A client certificate for `user` that expired in 2021.
+    pub fn expired_client(&self, name: &str, user: &str) -> anyhow::Result<CertFiles> {
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params.distinguished_name.push(DnType::CommonName, user);
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+        params.not_after = rcgen::date_time_ymd(2021, 1, 1);
+        self.sign(name, params)
+    }
+
     fn sign(&self, name: &str, params: CertificateParams) -> anyhow::Result<CertFiles> {
         let key = KeyPair::generate()?;
         let issuer = Issuer::from_params(&self.ca_params, &self.ca_key);

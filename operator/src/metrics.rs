@@ -193,6 +193,16 @@ pub struct InboundMetrics {
     pub keys: Family<MirrorLabels, Gauge>,
     pub lease_ttl_remaining_seconds: Family<MirrorLabels, Gauge>,
     pub synced: Family<MirrorLabels, Gauge>,
+    /// The series shown now, so that an origin's go when it is gone.
+    shown: std::sync::Mutex<std::collections::HashSet<MirrorLabels>>,
+}
+
+impl InboundMetrics {
+    fn forget(&self, l: &MirrorLabels) {
+        self.keys.remove(l);
+        self.lease_ttl_remaining_seconds.remove(l);
+        self.synced.remove(l);
+    }
 }
 
 impl InboundMetrics {
@@ -211,6 +221,7 @@ impl InboundMetrics {
                 "1 while an origin region's sync canary here says its snapshot is complete",
                 Family::default(),
             ),
+            shown: Default::default(),
         }
     }
 }
@@ -317,12 +328,23 @@ impl Metrics {
         k.ttl_remaining_seconds.get_or_create(&l).set(h.lease_ttl_remaining(now).unwrap_or(0));
     }
 
-    /// What `origin` mirrors into `region` (this one).
-    pub fn record_inbound(&self, region: &str, origin: &InboundOrigin) {
-        let l = MirrorLabels::new(&origin.origin, region);
-        self.inbound.keys.get_or_create(&l).set(origin.keys);
-        self.inbound.lease_ttl_remaining_seconds.get_or_create(&l).set(origin.lease_ttl_remaining.unwrap_or(0));
-        self.inbound.synced.get_or_create(&l).set(i64::from(origin.synced));
+    /// What every origin mirrors into `region` (this one), as observed now: the series of an
+    /// origin no longer there go.
+    pub fn record_inbound(&self, region: &str, origins: &[InboundOrigin]) {
+        let now: std::collections::HashSet<MirrorLabels> =
+            origins.iter().map(|o| MirrorLabels::new(&o.origin, region)).collect();
+        let mut shown = self.inbound.shown.lock().expect("metrics lock");
+        for gone in shown.iter().filter(|l| l.target == region && !now.contains(l)) {
+            self.inbound.forget(gone);
+        }
+        shown.retain(|l| l.target != region || now.contains(l));
+        for origin in origins {
+            let l = MirrorLabels::new(&origin.origin, region);
+            self.inbound.keys.get_or_create(&l).set(origin.keys);
+            self.inbound.lease_ttl_remaining_seconds.get_or_create(&l).set(origin.lease_ttl_remaining.unwrap_or(0));
+            self.inbound.synced.get_or_create(&l).set(i64::from(origin.synced));
+            shown.insert(l);
+        }
     }
 
     /// Observes the keepalive rounds this series has not seen yet.
@@ -423,6 +445,7 @@ impl Metrics {
         self.inbound.keys.clear();
         self.inbound.lease_ttl_remaining_seconds.clear();
         self.inbound.synced.clear();
+        self.inbound.shown.lock().expect("metrics lock").clear();
     }
 
     pub fn encode(&self) -> String {
@@ -450,12 +473,15 @@ mod tests {
     fn every_mirror_series_says_origin_and_target_the_same_way_on_both_sides() {
         let m = Metrics::default();
         m.record_peer(&PeerHealth::new("a", "b", 30), SystemTime::now());
-        m.record_inbound("a", &inbound_b());
+        m.record_inbound("a", &[inbound_b()]);
         let text = m.encode();
         assert!(text.contains(r#"aether_federation_mirrored_keys{origin="a",target="b"}"#), "{text}");
         assert!(text.contains(r#"aether_federation_inbound_keys{origin="b",target="a"}"#), "{text}");
         assert!(text.contains(r#"aether_federation_inbound_lease_ttl_remaining_seconds{origin="b",target="a"} 20"#));
         assert!(!text.contains("region=\"a\",peer="), "no series says region/peer any more");
+        // An origin no longer mirroring here loses its series.
+        m.record_inbound("a", &[]);
+        assert!(!m.encode().contains(r#"inbound_keys{origin="b""#), "{}", m.encode());
     }
 
     /// Every family the operator exposes, by its sample name (counters with `_total`).
@@ -477,7 +503,7 @@ mod tests {
         let mut h = PeerHealth::new("a", "b", 30);
         h.resyncs = 2;
         m.record_peer(&h, SystemTime::now());
-        m.record_inbound("a", &inbound_b());
+        m.record_inbound("a", &[inbound_b()]);
         m.status_patched("a");
         m.reconciled("regionpeering", std::time::Duration::from_millis(3), false);
         m.advance_drain(DrainLabels { region: "a".into(), outcome: "copied".into() }, 5);
@@ -511,7 +537,7 @@ mod tests {
         let mut h = PeerHealth::new("a", "b", 30);
         h.record_keepalive_rtt(std::time::Duration::from_millis(3));
         m.record_peer(&h, SystemTime::now());
-        m.record_inbound("a", &inbound_b());
+        m.record_inbound("a", &[inbound_b()]);
         m.status_patched("a");
         m.reconciled("regionpeering", std::time::Duration::from_millis(3), false);
         m.advance_drain(DrainLabels { region: "a".into(), outcome: "copied".into() }, 5);

@@ -388,7 +388,7 @@ async fn the_mirror_recovers_from_peer_and_origin_restarts_and_lost_leases() {
     while let Ok(event) = events.try_recv() {
         match event {
             MirrorEvent::ResyncStarted { cause: mirror::ResyncCause::LeaseLost } => saw.0 = true,
-            MirrorEvent::LeaseGranted { .. } => saw.1 = true,
+            MirrorEvent::LeasesGranted { .. } => saw.1 = true,
             _ => {}
         }
     }

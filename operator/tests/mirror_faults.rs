@@ -427,7 +427,9 @@ async fn a_full_peer_backs_off_instead_of_spinning_and_recovers_after_disarm() {
         }
     }
     write_keys(&mut o, "a", 100..200, "v2").await;
-    wait_health(&handle, "NOSPACE reported", |h| h.last_error.as_deref().is_some_and(|e| e.contains("space"))).await;
+    wait_health(&handle, "NOSPACE reported", |h| h.last_error_reason == Some("NoSpace")).await;
+    let reported = handle.health().last_error.unwrap_or_default();
+    assert!(reported.contains("space quota") && reported.contains(&peer.endpoint()), "{reported}");
     let before = handle.health().session_failures;
     tokio::time::sleep(Duration::from_secs(4)).await; // the window in which retries are counted
     let failures = handle.health().session_failures - before;

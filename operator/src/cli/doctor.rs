@@ -38,62 +38,7 @@ const EXPIRY_WARNING: Duration = Duration::from_secs(30 * 24 * 3600);
 /// A clock further off than this is reported: the lag and lease arithmetic reads the peer's time.
 const SKEW_WARNING: Duration = Duration::from_secs(2);
 
-/// The notAfter of a DER certificate, in seconds since the epoch (pure; None when it cannot be
-/// read).
-pub fn not_after(der: &[u8]) -> Option<i64> {
-    // (tag, contents, rest) of one DER element.
-    fn element(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
-        let (&tag, rest) = input.split_first()?;
-        let (&first, rest) = rest.split_first()?;
-        let (len, rest) = if first < 0x80 {
-            (first as usize, rest)
-        } else {
-            let n = (first & 0x7f) as usize;
-            if n == 0 || n > 4 || rest.len() < n {
-                return None;
-            }
-            (rest[..n].iter().fold(0usize, |acc, b| (acc << 8) | *b as usize), &rest[n..])
-        };
-        (rest.len() >= len).then(|| (tag, &rest[..len], &rest[len..]))
-    }
-    let (_, certificate, _) = element(der)?;
-    let (_, tbs, _) = element(certificate)?;
-    let mut rest = tbs;
-    let (tag, _, after) = element(rest)?;
-    if tag == 0xa0 {
-        rest = after; // the explicit version
-    }
-    for _ in 0..3 {
-        rest = element(rest)?.2; // serial, signature algorithm, issuer
-    }
-    let (_, validity, _) = element(rest)?;
-    let (_, after_not_before) = element(validity).map(|(_, _, r)| ((), r))?;
-    let (tag, time, _) = element(after_not_before)?;
-    let text = std::str::from_utf8(time).ok()?;
-    let digits = |s: &str| s.parse::<i64>().ok();
-    let (year, rest) = match tag {
-        0x17 => {
-            let yy = digits(text.get(0..2)?)?;
-            (if yy >= 50 { 1900 + yy } else { 2000 + yy }, text.get(2..)?)
-        }
-        0x18 => (digits(text.get(0..4)?)?, text.get(4..)?),
-        _ => return None,
-    };
-    let field = |i: usize| rest.get(i..i + 2).and_then(digits);
-    let (month, day, hour, minute, second) = (field(0)?, field(2)?, field(4)?, field(6)?, field(8)?);
-    Some(days_from_civil(year, month, day) * 86_400 + hour * 3600 + minute * 60 + second)
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (month + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
+pub use crate::mirror::problem::not_after;
 
 /// What a certificate's expiry means for the mirror (pure).
 pub fn expiry_finding(target: &str, what: &str, not_after: i64, now: i64) -> Finding {

@@ -85,6 +85,8 @@ pub fn access(connection: &EtcdConnection, secret: Option<&Secret>) -> Result<Ac
     if let Some(tls) = &connection.tls {
         let name = tls.secret_ref.name.clone();
         let secret = secret.ok_or_else(|| AccessError::SecretMissing { secret: name.clone() })?;
+        let namespace = secret.metadata.namespace.as_deref().map(|ns| format!("{ns}/")).unwrap_or_default();
+        target = target.with_credentials_from(format!("Secret {namespace}{name}"));
         let get = |key: &'static str| -> Option<Vec<u8>> {
             secret
                 .data
@@ -110,6 +112,7 @@ pub fn access(connection: &EtcdConnection, secret: Option<&Secret>) -> Result<Ac
                     let (cert, key) = (pem("tls.crt", cert)?, pem("tls.key", key)?);
                     cert.hash(&mut hasher);
                     key.hash(&mut hasher);
+                    target = target.with_client_certificate(&cert);
                     tls_options = tls_options.identity(etcd_client::Identity::from_pem(cert, key));
                 }
                 (Some(_), None) => return Err(AccessError::Unpaired { secret: name, key: "tls.crt", pair: "tls.key" }),

@@ -366,9 +366,7 @@ async fn apply(rp: Arc<RegionPeering>, ctx: Arc<Context>) -> Result<Action, Erro
         Ok(local_access) => observe_inbound(&ctx, &key, spec, local_access).await,
         Err(_) => Vec::new(),
     };
-    for origin in &inbound {
-        ctx.metrics.record_inbound(&spec.region, origin);
-    }
+    ctx.metrics.record_inbound(&spec.region, &inbound);
     let observation = Observation {
         spec,
         generation: rp.metadata.generation,
@@ -542,6 +540,14 @@ pub fn describe(event: &MirrorEvent, region: &str, peer: &str) -> (EventType, &'
             format!(
                 "{region} -> {peer}: {keys} keys differed from the origin on the peer (first: {first_key}) and were repaired; something besides this mirror writes there, or the peer was restored"
             ),
+        ),
+        MirrorEvent::SessionFailed { reason, message } => {
+            (EventType::Warning, reason, format!("{region} -> {peer}: the mirror fails: {message}"))
+        }
+        MirrorEvent::LeasesGranted { leases } => (
+            EventType::Normal,
+            "LeaseGranted",
+            format!("{region} -> {peer}: {leases} leases granted for the sync's layout"),
         ),
         MirrorEvent::ValueTooLarge { key, bytes } => (
             EventType::Warning,

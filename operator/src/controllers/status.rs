@@ -191,6 +191,15 @@ fn ready(f: &Facts) -> Verdict {
             }
         })
         .collect();
+    // A peer whose sessions fail says why, in a reason a person can act on (`problem.rs`).
+    let failing = obs
+        .peers
+        .iter()
+        .find(|h| h.phase == Phase::Backoff && spec.peers.iter().any(|p| p.region == h.peer) && !f.ready_peer(h));
+    if let Some((reason, h)) = failing.and_then(|h| h.last_error_reason.map(|r| (r, h))) {
+        let message = h.last_error.clone().unwrap_or_default();
+        return verdict(false, reason, format!("{}: {message}; {}", h.peer, not_ready.join("; ")));
+    }
     let reason = if obs.peers.iter().any(|h| !h.synced) { "PeerNotSynced" } else { "PeerNotReady" };
     verdict(false, reason, not_ready.join("; "))
 }

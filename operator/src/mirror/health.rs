@@ -71,6 +71,8 @@ pub struct PeerHealth {
     pub synced: bool,
     pub last_error: Option<String>,
     pub last_error_time: Option<SystemTime>,
+    /// The class of the last error (`problem::Problem::reason`), a condition reason.
+    pub last_error_reason: Option<&'static str>,
     /// Source revisions too large for one Txn, applied in parts.
     pub split_revisions: u64,
     pub txns: u64,
@@ -158,6 +160,7 @@ impl PeerHealth {
             synced: false,
             last_error: None,
             last_error_time: None,
+            last_error_reason: None,
             split_revisions: 0,
             txns: 0,
             ops: 0,
@@ -223,9 +226,14 @@ pub enum MirrorEvent {
         revision: i64,
         keys: i64,
     },
+    /// A lease granted by a split.
     LeaseGranted {
         lease: i64,
         shard: usize,
+    },
+    /// The leases a sync granted for its layout, together (one event, not one per lease).
+    LeasesGranted {
+        leases: usize,
     },
     LeasesAdopted {
         leases: usize,
@@ -244,6 +252,12 @@ pub enum MirrorEvent {
     ValueTooLarge {
         key: String,
         bytes: usize,
+    },
+    /// A session failed: its class (a condition reason) and what to do, naming the endpoint and
+    /// the Secret.
+    SessionFailed {
+        reason: &'static str,
+        message: String,
     },
     /// Verification found the peer's copy different from the origin's and repaired it.
     DriftRepaired {

@@ -35,7 +35,8 @@ pub async fn observe(local: &mut Client, own_region: &str, expected: &[String]) 
         let count =
             local.get(keys::region_prefix(&origin), Some(GetOptions::new().with_prefix().with_count_only())).await?;
         let checkpoint = crate::mirror::records::store::read_checkpoint(local, &origin).await?;
-        let synced = local.get(keys::canary_key(&origin), Some(GetOptions::new().with_count_only())).await?.count() > 0;
+        let canary = local.get(keys::canary_key(&origin), None).await?;
+        let synced = canary.kvs().first().is_some_and(|kv| canary_says_synced(kv.value()));
         let mut ttl: Option<i64> = None;
         // A few leases tell the story; every shard shares the same keepalive.
         for lease in checkpoint.iter().flat_map(|c| c.leases.iter()).take(4) {
@@ -53,4 +54,22 @@ pub async fn observe(local: &mut Client, own_region: &str, expected: &[String]) 
         });
     }
     Ok(out)
+}
+
+/// Whether a canary's value says the origin's snapshot is complete (`{"synced": true, ...}`);
+/// `{"synced": false, "cause": ...}` is written before a resync moves any key.
+pub fn canary_says_synced(value: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Value>(value).is_ok_and(|v| v["synced"] == serde_json::Value::Bool(true))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_canary_that_says_synced_counts() {
+        assert!(canary_says_synced(br#"{"synced":true,"revision":9,"syncedAt":"t"}"#));
+        assert!(!canary_says_synced(br#"{"synced":false,"cause":"a lease was lost"}"#));
+        assert!(!canary_says_synced(b"garbage"));
+    }
 }

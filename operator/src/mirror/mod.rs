@@ -28,6 +28,7 @@ pub mod health;
 pub mod inbound;
 pub mod leases;
 pub mod plan;
+pub mod problem;
 pub mod records;
 pub mod retire;
 mod session;

@@ -49,6 +49,7 @@ impl Shared {
         self.update(|h| {
             h.last_error = None;
             h.last_error_time = None;
+            h.last_error_reason = None;
         });
     }
 

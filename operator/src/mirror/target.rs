@@ -2,6 +2,7 @@
 //! down: every endpoint is probed first, and the client is built over the members that answer and
 //! know a leader. etcd-client balances over all endpoints it is given and keeps a dead member in
 //! rotation, so a share of requests would fail for as long as that member stays down.
+use super::problem::{Classified, Connection, Problem, classify, served};
 use etcd_client::{Client, ConnectOptions, KvClient, TlsOptions, WatchClient};
 use std::time::Duration;
 
@@ -20,6 +21,11 @@ pub struct EtcdTarget {
     pub tls: Option<TlsOptions>,
     /// User and password, if the etcd has auth on (a client certificate's CN also names a user).
     pub user: Option<(String, String)>,
+    /// Where the TLS material and the password come from, as a person finds them ("Secret
+    /// ns/name"): failures name it.
+    pub credentials: Option<String>,
+    /// The client certificate's notAfter (seconds since the epoch), when one is given.
+    pub client_cert_not_after: Option<i64>,
 }
 
 impl std::fmt::Debug for EtcdTarget {
@@ -29,13 +35,48 @@ impl std::fmt::Debug for EtcdTarget {
             .field("endpoints", &self.endpoints)
             .field("tls", &self.tls.is_some())
             .field("user", &self.user.as_ref().map(|(u, _)| u))
+            .field("credentials", &self.credentials)
             .finish()
     }
 }
 
 impl EtcdTarget {
     pub fn plain(endpoints: impl IntoIterator<Item = impl Into<String>>) -> Self {
-        EtcdTarget { endpoints: endpoints.into_iter().map(Into::into).collect(), tls: None, user: None }
+        EtcdTarget {
+            endpoints: endpoints.into_iter().map(Into::into).collect(),
+            tls: None,
+            user: None,
+            credentials: None,
+            client_cert_not_after: None,
+        }
+    }
+
+    /// Says where the credentials come from, for the messages of failures.
+    pub fn with_credentials_from(mut self, source: impl Into<String>) -> Self {
+        self.credentials = Some(source.into());
+        self
+    }
+
+    /// Remembers when the client certificate (PEM) given in the TLS options expires.
+    pub fn with_client_certificate(mut self, pem: &[u8]) -> Self {
+        self.client_cert_not_after = super::problem::certificate_not_after(pem);
+        self
+    }
+
+    /// What a failure's classification knows of this target (for `endpoint`, or all of them).
+    pub fn connection(&self, endpoint: Option<&str>) -> Connection {
+        Connection {
+            endpoint: endpoint.map_or_else(|| self.endpoints.join(","), str::to_string),
+            credentials: self.credentials.clone(),
+            tls: self.tls.is_some() || self.endpoints.iter().any(|e| e.starts_with("https://")),
+            client_cert_not_after: self.client_cert_not_after,
+            user: self.user.as_ref().map(|(u, _)| u.clone()),
+        }
+    }
+
+    /// Classifies a failure talking to this target, now.
+    pub fn classify(&self, error: &(dyn std::error::Error + 'static), endpoint: Option<&str>) -> Classified {
+        classify(error, &self.connection(endpoint), now_seconds())
     }
 
     pub fn with_tls(mut self, tls: TlsOptions) -> Self {
@@ -68,19 +109,24 @@ impl EtcdTarget {
 
     /// Connects over the members that answer now and know a leader. Fails, naming each member's
     /// problem, when none does.
-    pub async fn connect(&self) -> Result<Client, etcd_client::Error> {
+    pub async fn connect(&self) -> Result<Client, ConnectError> {
         let healthy: Vec<String> = self.probe_members().await?.into_iter().map(|m| m.endpoint).collect();
         let mut options = self.base_options();
         if let Some((user, password)) = &self.user {
             options = options.with_user(user.clone(), password.clone());
         }
-        Client::connect(&healthy, Some(options)).await
+        Client::connect(&healthy, Some(options)).await.map_err(|e| self.failed(&e, None))
+    }
+
+    /// A connection error of one classified failure.
+    fn failed(&self, error: &(dyn std::error::Error + 'static), endpoint: Option<&str>) -> ConnectError {
+        ConnectError { problems: vec![self.classify(error, endpoint)] }
     }
 
     /// A raw gRPC channel over the members that answer now, for the calls etcd-client cannot
     /// make (see `leases::rpc`). With `prefer_leader`, over the leader alone when a probe saw
     /// which member leads: a follower forwards every lease renewal to the leader, one at a time.
-    pub async fn connect_raw(&self, prefer_leader: bool) -> Result<RawChannel, etcd_client::Error> {
+    pub async fn connect_raw(&self, prefer_leader: bool) -> Result<RawChannel, ConnectError> {
         let members = self.probe_members().await?;
         let leader = members.iter().find(|m| m.leads == Some(true)).map(|m| m.endpoint.clone());
         let on_leader = prefer_leader && leader.is_some();
@@ -97,22 +143,27 @@ impl EtcdTarget {
             None => None,
             Some((user, password)) => {
                 let options = ConnectOptions::new().with_require_leader(true);
-                let client = Client::from_channel(etcd_client::Channel::Tonic(channel.clone()), Some(options)).await?;
-                let resp = client.auth_client().authenticate(user.clone(), password.clone()).await?;
-                let token = resp.token().parse().map_err(|_| {
-                    etcd_client::Error::InvalidArgs(
-                        "the etcd answered an authentication token that is not ASCII".into(),
-                    )
-                })?;
-                Some(token)
+                let authenticated = async {
+                    let client =
+                        Client::from_channel(etcd_client::Channel::Tonic(channel.clone()), Some(options)).await?;
+                    let resp = client.auth_client().authenticate(user.clone(), password.clone()).await?;
+                    resp.token().parse().map_err(|_| {
+                        etcd_client::Error::InvalidArgs(
+                            "the etcd answered an authentication token that is not ASCII".into(),
+                        )
+                    })
+                };
+                Some(authenticated.await.map_err(|e| self.failed(&e, None))?)
             }
         };
         Ok(RawChannel { channel, token, endpoints, on_leader })
     }
 
     /// One endpoint of a raw channel, set up as etcd-client sets up its own.
-    fn raw_endpoint(&self, url: &str) -> Result<tonic::transport::Endpoint, etcd_client::Error> {
-        let invalid = |e: &dyn std::fmt::Display| etcd_client::Error::InvalidArgs(format!("endpoint {url}: {e}"));
+    fn raw_endpoint(&self, url: &str) -> Result<tonic::transport::Endpoint, ConnectError> {
+        let invalid = |e: &dyn std::fmt::Display| ConnectError {
+            problems: vec![Classified { problem: Problem::Other, message: format!("endpoint {url}: {e}") }],
+        };
         let mut endpoint = tonic::transport::Endpoint::from_shared(url.to_string())
             .map_err(|e| invalid(&e))?
             .connect_timeout(Duration::from_secs(5))
@@ -129,7 +180,7 @@ impl EtcdTarget {
     /// Probes every member in parallel: the ones that answer and know a leader, and whether each
     /// leads (unknown when status is refused, as it is to a non-root user under auth). Fails,
     /// naming each member's problem, when none answers.
-    async fn probe_members(&self) -> Result<Vec<Member>, etcd_client::Error> {
+    async fn probe_members(&self) -> Result<Vec<Member>, ConnectError> {
         let base = self.base_options();
         let probes = self.endpoints.iter().map(|endpoint| {
             let options = base.clone();
@@ -144,20 +195,20 @@ impl EtcdTarget {
                 };
                 match tokio::time::timeout(PROBE_TIMEOUT, probe).await {
                     Ok(Ok(leads)) => Ok(Member { endpoint: endpoint.clone(), leads }),
-                    // The member answered (with auth on, status wants a user): it serves.
-                    Ok(Err(etcd_client::Error::GRpcStatus(s))) if answered(&s) => {
+                    // The member answered (with auth on, status wants a user): it serves. A
+                    // cancelled call (a connection ended after TLS) is no answer.
+                    Ok(Err(etcd_client::Error::GRpcStatus(s))) if served(&s) => {
                         Ok(Member { endpoint: endpoint.clone(), leads: None })
                     }
-                    Ok(Err(e)) => Err(format!("{endpoint}: {e}")),
-                    Err(_) => Err(format!("{endpoint}: no answer in {PROBE_TIMEOUT:?}")),
+                    Ok(Err(e)) => Err(self.classify(&e, Some(endpoint))),
+                    Err(_) => Err(self.classify(&NoAnswer(PROBE_TIMEOUT), Some(endpoint))),
                 }
             }
         });
         let results = futures::future::join_all(probes).await;
         let healthy: Vec<Member> = results.iter().filter_map(|r| r.as_ref().ok().cloned()).collect();
         if healthy.is_empty() {
-            let problems: Vec<String> = results.into_iter().filter_map(Result::err).collect();
-            return Err(etcd_client::Error::InvalidArgs(format!("no member answers: {}", problems.join("; "))));
+            return Err(ConnectError { problems: results.into_iter().filter_map(Result::err).collect() });
         }
         Ok(healthy)
     }
@@ -196,11 +247,46 @@ impl RawChannel {
     }
 }
 
-/// Whether a gRPC error came from a member that is up and has a leader (as opposed to one that
-/// is down, cut off or without a leader).
-fn answered(status: &tonic::Status) -> bool {
-    !matches!(status.code(), tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown)
-        && !status.message().contains("no leader")
+/// No member of an etcd could be used: each one's classified failure.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConnectError {
+    pub problems: Vec<Classified>,
+}
+
+impl ConnectError {
+    /// The failure to report: the first member's (they are alike more often than not).
+    pub fn classified(&self) -> Classified {
+        self.problems
+            .first()
+            .cloned()
+            .unwrap_or(Classified { problem: Problem::Other, message: "no endpoint to connect to".into() })
+    }
+}
+
+impl std::fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let messages: Vec<String> =
+            self.problems.iter().map(|p| format!("{} ({})", p.message, p.problem.reason())).collect();
+        write!(f, "no member of the etcd can be used: {}", messages.join("; "))
+    }
+}
+
+impl std::error::Error for ConnectError {}
+
+/// A probe that got no answer in time.
+#[derive(Debug)]
+struct NoAnswer(Duration);
+
+impl std::fmt::Display for NoAnswer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "no answer in {:?}", self.0)
+    }
+}
+
+impl std::error::Error for NoAnswer {}
+
+fn now_seconds() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
 }
 
 /// A KV client that decodes responses up to [`MAX_DECODE_BYTES`] (the default is 4 MiB, which a

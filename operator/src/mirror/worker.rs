@@ -11,9 +11,11 @@ use crate::mirror::context::{State, Worker};
 use crate::mirror::detector::ReachabilityDetector;
 use crate::mirror::health::{MirrorEvent, PeerHealth, Phase};
 use crate::mirror::leases::keeper::{Keeper, KeeperSignal, any_lease_alive};
+use crate::mirror::problem::Classified;
 use crate::mirror::records::resume::{OwnerDecision, decide_ownership};
 use crate::mirror::session::SessionEnd;
 use crate::mirror::shared::Shared;
+use crate::mirror::target::ConnectError;
 use crate::mirror::{EtcdTarget, MirrorConfig};
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
@@ -122,7 +124,8 @@ impl Worker {
                 }
                 Err(error) => {
                     let message = format!("{error:#}");
-                    warn!(error = %message, "mirror session failed; backing off");
+                    let classified = self.classify_failure(&error);
+                    warn!(error = %message, reason = classified.problem.reason(), "mirror session failed; backing off");
                     if message.contains("too many operations in txn request") {
                         // The peer's --max-txn-ops is lower than ours: halve until it fits.
                         let cap = state.txn_ops_cap.unwrap_or(self.config.max_txn_ops) / 2;
@@ -130,9 +133,12 @@ impl Worker {
                         warn!(max_ops = cap.max(4), "the peer takes fewer operations per Txn; batching smaller");
                     }
                     let now = SystemTime::now();
+                    let (reason, text) = (classified.problem.reason(), classified.message.clone());
+                    self.shared.emit(MirrorEvent::SessionFailed { reason, message: text.clone() });
                     self.shared.update(|h| {
                         h.phase = Phase::Backoff;
-                        h.last_error = Some(message.clone());
+                        h.last_error = Some(text);
+                        h.last_error_reason = Some(reason);
                         h.last_error_time = Some(now);
                         h.session_failures += 1;
                         // Nothing is confirmed applied from here on: the lag keeps growing.
@@ -149,6 +155,20 @@ impl Worker {
         // No revoke: the leases lapse on their own unless a successor adopts them (the keeper
         // stops with the worker).
         self.shared.phase(Phase::Stopped);
+    }
+
+    /// Classifies a failed session: a connection that failed says which etcd; any other failure
+    /// is the origin's when its context says so, the peer's otherwise (only the peer is written).
+    fn classify_failure(&self, error: &anyhow::Error) -> Classified {
+        if let Some(connect) = error.chain().find_map(|e| e.downcast_ref::<ConnectError>()) {
+            return connect.classified();
+        }
+        let local = error.chain().any(|e| {
+            let words = e.to_string();
+            words.contains("origin") || words.contains("local etcd")
+        });
+        let target = if local { &self.local } else { &self.peer };
+        target.classify(error.as_ref(), None)
     }
 
     /// The mirror was retired from the peer after this worker owned it (its RegionPeering was

@@ -21,7 +21,7 @@ use etcd_client::{Client, GetOptions, GetResponse, PutOptions, TxnOp};
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use std::collections::VecDeque;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 /// Lease grants in flight at once when a sync lays out its leases.
 const GRANTS_IN_FLIGHT: usize = 128;
@@ -83,12 +83,18 @@ impl Worker {
                 async move { self.grant(&mut peer, shard).await.map(|granted| (shard, granted)) }
             })
             .buffer_unordered(GRANTS_IN_FLIGHT);
+        let mut granted_now = 0;
         while let Some(granted) = grants.next().await {
             let (shard, (lease, at)) = granted?;
             self.keeper.granted(lease, at);
             state.leases[shard] = lease;
+            granted_now += 1;
         }
         drop(grants);
+        if granted_now > 0 {
+            info!(leases = granted_now, "leases granted for the layout");
+            self.shared.emit(MirrorEvent::LeasesGranted { leases: granted_now });
+        }
         self.keep_alive(state);
         // Record the layout, not synced, before any key moves: a successor taking over mid-sync
         // keeps every lease that may hold keys alive, and syncs again. The canary says so too.
@@ -262,7 +268,9 @@ impl Worker {
             if let Some(revision) = revision {
                 opts = opts.with_revision(revision);
             }
-            match self.rpc("range page", kv(client).get(from.to_vec(), Some(opts))).await {
+            // Origin pages are pinned at a revision, the peer's are not: the context says which.
+            let what = if revision.is_some() { "range page of the origin" } else { "range page of the peer" };
+            match self.rpc(what, kv(client).get(from.to_vec(), Some(opts))).await {
                 Ok(resp) => {
                     let page_largest = resp.kvs().iter().map(|kv| kv.key().len() + kv.value().len()).max();
                     *largest = (*largest).max(page_largest.unwrap_or(0));
@@ -298,8 +306,7 @@ impl Worker {
     async fn grant(&self, peer: &mut Client, shard: usize) -> anyhow::Result<(i64, std::time::Instant)> {
         let asked = std::time::Instant::now();
         let resp = self.rpc("grant lease", peer.lease_grant(self.config.lease_ttl_seconds, None)).await?;
-        info!(lease = resp.id(), shard, "lease granted");
-        self.shared.emit(MirrorEvent::LeaseGranted { lease: resp.id(), shard });
+        debug!(lease = resp.id(), shard, "lease granted");
         Ok((resp.id(), asked))
     }
 
