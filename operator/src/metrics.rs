@@ -28,6 +28,13 @@ impl MirrorLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CauseLabels {
+    pub origin: String,
+    pub target: String,
+    pub cause: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PhaseLabels {
     pub origin: String,
     pub target: String,
@@ -88,7 +95,7 @@ pub struct ReplicationMetrics {
     pub reachable: Family<MirrorLabels, Gauge>,
     pub phase: Family<PhaseLabels, Gauge>,
     pub values_left_out: Family<MirrorLabels, Gauge>,
-    pub resyncs: Family<MirrorLabels, Counter>,
+    pub resyncs: Family<CauseLabels, Counter>,
     pub session_failures: Family<MirrorLabels, Counter>,
     pub drift_repaired_keys: Family<MirrorLabels, Counter>,
     pub split_revisions: Family<MirrorLabels, Counter>,
@@ -280,6 +287,7 @@ pub struct Metrics {
     pub operator: OperatorMetrics,
     /// The last cumulative count of each worker counter seen, by series.
     seen: std::sync::Mutex<std::collections::HashMap<(&'static str, MirrorLabels), u64>>,
+    seen_causes: std::sync::Mutex<std::collections::HashMap<CauseLabels, u64>>,
 }
 
 impl Default for Metrics {
@@ -292,6 +300,7 @@ impl Default for Metrics {
             drain: DrainMetrics::register(&mut registry),
             operator: OperatorMetrics::register(&mut registry),
             seen: Default::default(),
+            seen_causes: Default::default(),
             registry,
         }
     }
@@ -309,7 +318,10 @@ impl Metrics {
         r.synced.get_or_create(&l).set(i64::from(h.synced));
         r.reachable.get_or_create(&l).set(i64::from(h.reachable));
         r.values_left_out.get_or_create(&l).set(h.oversized.len() as i64);
-        self.advance(&r.resyncs, "resyncs", &l, h.resyncs);
+        for (cause, count) in &h.resyncs_by_cause {
+            let labels = CauseLabels { origin: h.origin.clone(), target: h.peer.clone(), cause: cause.to_string() };
+            self.advance_by_cause(&r.resyncs, labels, *count);
+        }
         self.advance(&r.session_failures, "session_failures", &l, h.session_failures);
         self.advance(&r.drift_repaired_keys, "drift_repaired_keys", &l, h.drift_repaired_keys);
         self.advance(&r.split_revisions, "split_revisions", &l, h.split_revisions);
@@ -382,6 +394,14 @@ impl Metrics {
         }
     }
 
+    /// As `advance`, for the resync counter, labelled with its cause as well.
+    fn advance_by_cause(&self, counter: &Family<CauseLabels, Counter>, labels: CauseLabels, now: u64) {
+        let mut seen = self.seen_causes.lock().expect("metrics lock");
+        let last = seen.insert(labels.clone(), now).unwrap_or(0);
+        let delta = if now >= last { now - last } else { now };
+        counter.get_or_create(&labels).inc_by(delta);
+    }
+
     /// Brings a drain counter up to the drain's cumulative count (kept across restarts).
     pub fn advance_drain(&self, labels: DrainLabels, now: i64) {
         let now = now.max(0) as u64;
@@ -409,9 +429,16 @@ impl Metrics {
         ] {
             family.remove(&l);
         }
-        for family in [&r.resyncs, &r.session_failures, &r.drift_repaired_keys, &r.split_revisions, &r.txns] {
+        for family in [&r.session_failures, &r.drift_repaired_keys, &r.split_revisions, &r.txns] {
             family.remove(&l);
         }
+        self.seen_causes.lock().expect("metrics lock").retain(|labels, _| {
+            let ours = labels.origin == origin && labels.target == target;
+            if ours {
+                r.resyncs.remove(labels);
+            }
+            !ours
+        });
         r.lag_seconds.remove(&l);
         k.round.remove(&l);
         self.seen.lock().expect("metrics lock").retain(|(_, labels), _| labels != &l);
@@ -502,6 +529,7 @@ mod tests {
         let m = Metrics::default();
         let mut h = PeerHealth::new("a", "b", 30);
         h.resyncs = 2;
+        h.resyncs_by_cause.insert("compacted", 2);
         m.record_peer(&h, SystemTime::now());
         m.record_inbound("a", &[inbound_b()]);
         m.status_patched("a");
@@ -536,6 +564,7 @@ mod tests {
         let m = Metrics::default();
         let mut h = PeerHealth::new("a", "b", 30);
         h.record_keepalive_rtt(std::time::Duration::from_millis(3));
+        h.resyncs_by_cause.insert("lease_lost", 1);
         m.record_peer(&h, SystemTime::now());
         m.record_inbound("a", &[inbound_b()]);
         m.status_patched("a");
@@ -592,11 +621,11 @@ mod tests {
     fn counters_follow_the_workers_counts_across_restarts() {
         let m = Metrics::default();
         let mut h = PeerHealth::new("a", "b", 30);
-        h.resyncs = 3;
+        h.resyncs_by_cause.insert("compacted", 3);
         m.record_peer(&h, SystemTime::now());
-        h.resyncs = 1; // the worker started over
+        h.resyncs_by_cause.insert("compacted", 1); // the worker started over
         m.record_peer(&h, SystemTime::now());
-        let l = MirrorLabels::new("a", "b");
+        let l = CauseLabels { origin: "a".into(), target: "b".into(), cause: "compacted".into() };
         assert_eq!(m.replication.resyncs.get_or_create(&l).get(), 4, "never goes down");
         m.forget_peer("a", "b");
         assert!(!m.encode().contains("aether_federation_resyncs_total{"), "a stopped worker's series go");

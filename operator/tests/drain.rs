@@ -482,3 +482,34 @@ async fn an_endpoint_moved_to_another_cluster_leaves_no_copy_behind() {
     assert_eq!(c.get(new_key.as_str(), None).await.unwrap().kvs()[0].value(), moved.as_bytes());
     assert_eq!(c.get(v1_key(5), None).await.unwrap().count(), 0, "no copy stays under the old cluster");
 }
+
+#[tokio::test]
+async fn a_completed_drain_following_an_idle_registry_writes_nothing() {
+    let etcd = EtcdServer::start("drain-idle").await.unwrap();
+    let mut c = Client::connect([etcd.endpoint()], None).await.unwrap();
+    write_legacy(&mut c, 0..50, "v0").await;
+    let mut follow = settings();
+    follow.follow = true;
+    let quiet = follow.quiet_period;
+    let (task, mut progress, cancel) = start_drain(&c, follow);
+    tokio::time::timeout(Duration::from_secs(60), progress.wait_for(|r| r.phase == Some(DrainPhase::Complete)))
+        .await
+        .unwrap()
+        .unwrap();
+    // The record of completion lands right after the phase is published.
+    wait_until("the completion recorded", Duration::from_secs(30), || {
+        let mut c = c.clone();
+        async move {
+            let record = c.get("/aether/v1/drain/progress/aether/services/", None).await?;
+            Ok(record.kvs().first().is_some_and(|kv| String::from_utf8_lossy(kv.value()).contains("Complete")))
+        }
+    })
+    .await
+    .unwrap();
+    let before = c.status().await.unwrap().header().unwrap().revision();
+    tokio::time::sleep(quiet * 6).await; // several forwarding rounds over an idle registry
+    let after = c.status().await.unwrap().header().unwrap().revision();
+    assert_eq!(after, before, "the drain wrote {} times to an idle registry", after - before);
+    cancel.cancel();
+    task.await.unwrap().unwrap();
+}

@@ -351,3 +351,26 @@ async fn records_of_a_newer_format_are_resynced_under_new_leases_and_nothing_lap
     assert_eq!(deletes.load(Ordering::SeqCst), 0, "nothing lapsed while the resync ran");
     second.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_wiped_peer_is_taken_back_at_once_and_the_resync_is_counted_with_its_cause() {
+    let (origin, peer, mut o, mut p) = origin_and_peer(300).await;
+    // The defaults' keepalive interval (10 s): standing by must not wait for it.
+    let mut cfg = aether_operator::mirror::MirrorConfig::new("a", "b", "w1");
+    cfg.backoff_cap = Duration::from_secs(2);
+    let interval = cfg.keepalive_interval;
+    let (handle, _e) = start(cfg, plain(&origin), plain(&peer));
+    wait_synced(&handle).await;
+
+    // Someone wipes the peer (or restores it from before the mirror); then the origin changes.
+    p.delete("/aether/v1/", Some(etcd_client::DeleteOptions::new().with_prefix())).await.unwrap();
+    let wiped = std::time::Instant::now();
+    write_keys(&mut o, "a", 0..10, "v2").await;
+    converged(&o, &p, "a", DEADLINE).await;
+    let took = wiped.elapsed();
+    assert!(took < interval / 2, "the mirror came back {took:?} after the wipe, not at once");
+    let health = handle.health();
+    assert_eq!(health.resyncs, 1, "{health:?}");
+    assert_eq!(health.resyncs_by_cause.get("records_lost"), Some(&1), "{health:?}");
+    handle.shutdown().await;
+}

@@ -133,6 +133,7 @@ async fn drain_locked(
     let fence: Fence = Some(lock.compare());
     let started = Instant::now();
     let mut record = read_record(client, settings).await?.unwrap_or_default();
+    let mut saved = Saved::default();
     record.report.dry_run = false;
     record.report.message = None;
     if record.report.phase.is_none() || record.report.phase == Some(DrainPhase::Pending) {
@@ -152,7 +153,7 @@ async fn drain_locked(
         }
         record.watermark = record.copy_revision;
         record.report.phase = Some(DrainPhase::Draining);
-        save_record(client, settings, &fence, &record).await?;
+        save_record(client, settings, &fence, &record, &mut saved).await?;
         progress.send_replace(record.report.clone());
     }
 
@@ -166,7 +167,7 @@ async fn drain_locked(
         else {
             return Ok(record.report);
         };
-        save_record(client, settings, &fence, &record).await?;
+        save_record(client, settings, &fence, &record, &mut saved).await?;
         forget_own_deletes(client, settings, &fence, record.watermark, &mut own_deletes).await?;
         if deleted_everything && forwarded == 0 {
             if record.report.phase != Some(DrainPhase::Complete) {
@@ -185,7 +186,7 @@ async fn drain_locked(
             } else {
                 format!("legacy prefix {} drained in {took:.1}s", settings.legacy_prefix)
             });
-            save_record(client, settings, &fence, &record).await?;
+            save_record(client, settings, &fence, &record, &mut saved).await?;
             progress.send_replace(record.report.clone());
             if !settings.follow {
                 return Ok(record.report);
@@ -199,7 +200,7 @@ async fn drain_locked(
         if cancel.is_cancelled() {
             return Ok(record.report);
         }
-        save_record(client, settings, &fence, &record).await?;
+        save_record(client, settings, &fence, &record, &mut saved).await?;
         deleted_everything = pending == 0;
     }
 }
@@ -249,18 +250,42 @@ async fn read_record(client: &Client, settings: &DrainSettings) -> anyhow::Resul
     Ok(resp.kvs().first().and_then(|kv| DrainRecord::decode(kv.value())))
 }
 
+/// What the drain last recorded, so that a loop with nothing new writes nothing: an idle registry
+/// must see no write. The watermark alone (it follows the etcd's revision, which other writers
+/// move) is recorded at most once a minute; a restart then replays at most a minute's writes,
+/// which forwarding does idempotently.
+#[derive(Default)]
+struct Saved {
+    record: Option<DrainRecord>,
+    at: Option<std::time::Instant>,
+}
+
+/// How often at most a record that only moved its watermark is written.
+const WATERMARK_SAVE_EVERY: Duration = Duration::from_secs(60);
+
+impl Saved {
+    fn needs(&self, record: &DrainRecord) -> bool {
+        let Some(last) = &self.record else { return true };
+        let same_but_watermark = DrainRecord { watermark: last.watermark, ..record.clone() } == *last;
+        !same_but_watermark
+            || (record.watermark != last.watermark && self.at.is_none_or(|t| t.elapsed() >= WATERMARK_SAVE_EVERY))
+    }
+}
+
 async fn save_record(
     client: &Client,
     settings: &DrainSettings,
     fence: &Fence,
     record: &DrainRecord,
+    saved: &mut Saved,
 ) -> anyhow::Result<()> {
-    if fence.is_none() {
+    if fence.is_none() || !saved.needs(record) {
         return Ok(());
     }
     let mut kv = kv(client);
     let put = TxnOp::put(drain_record_key(&settings.legacy_prefix), record.encode(), None);
     fenced_txn(&mut kv, settings, fence, "record the drain's progress", vec![put]).await?;
+    *saved = Saved { record: Some(record.clone()), at: Some(std::time::Instant::now()) };
     Ok(())
 }
 
@@ -348,7 +373,7 @@ async fn copy_pass(
             }
             _ => record.copy_cursor = None,
         }
-        save_record(client, settings, fence, record).await?;
+        save_record(client, settings, fence, record, &mut Saved::default()).await?;
         progress.send_replace(record.report.clone());
         pace(settings, record.report.legacy_seen - seen_before, started).await;
         if record.copy_cursor.is_none() {

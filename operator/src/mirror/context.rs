@@ -36,6 +36,9 @@ pub(super) struct State {
     /// The origin revision the peer holds completely.
     pub applied: i64,
     pub synced: bool,
+    /// This worker completed a sync (or adopted a synced mirror) in an earlier session: a peer
+    /// without its records now lost them.
+    pub synced_once: bool,
     /// A sync this worker owes; it stays until a sync completes.
     pub resync_cause: Option<ResyncCause>,
     /// The origin etcd's cluster id, recorded with every complete snapshot.

@@ -67,6 +67,8 @@ pub struct PeerHealth {
     /// Keys of the origin's subtree on the peer.
     pub keys: i64,
     pub resyncs: u64,
+    /// Full resyncs by cause (`ResyncCause::label`): every sync after the worker's first.
+    pub resyncs_by_cause: std::collections::BTreeMap<&'static str, u64>,
     /// The peer has held a complete snapshot since the last (re)sync, and the canary is written.
     pub synced: bool,
     pub last_error: Option<String>,
@@ -157,6 +159,7 @@ impl PeerHealth {
             pending_since: None,
             keys: 0,
             resyncs: 0,
+            resyncs_by_cause: Default::default(),
             synced: false,
             last_error: None,
             last_error_time: None,
@@ -202,6 +205,8 @@ pub enum ResyncCause {
     Reshard,
     /// The origin etcd was restored from a backup or replaced: its revisions mean something else.
     OriginChanged,
+    /// The peer lost this mirror's records after it had synced: wiped, or restored from before them.
+    RecordsLost,
 }
 
 impl ResyncCause {
@@ -212,6 +217,19 @@ impl ResyncCause {
             ResyncCause::LeaseLost => "a lease was lost",
             ResyncCause::Reshard => "the subtree outgrew its leases",
             ResyncCause::OriginChanged => "the origin etcd was restored or replaced",
+            ResyncCause::RecordsLost => "the peer lost the mirror's records (wiped, or restored from before them)",
+        }
+    }
+
+    /// A short name, for metric labels.
+    pub fn label(self) -> &'static str {
+        match self {
+            ResyncCause::Initial => "initial",
+            ResyncCause::Compacted => "compacted",
+            ResyncCause::LeaseLost => "lease_lost",
+            ResyncCause::Reshard => "reshard",
+            ResyncCause::OriginChanged => "origin_changed",
+            ResyncCause::RecordsLost => "records_lost",
         }
     }
 }

@@ -79,6 +79,7 @@ impl Worker {
             &retiring.iter().copied().zip(retiring_alive).collect::<Vec<_>>(),
             origin,
             state.resync_cause,
+            state.synced_once,
         );
         if resume.resync == Some(ResyncCause::OriginChanged) {
             warn!(
@@ -98,6 +99,7 @@ impl Worker {
         state.retiring = resume.retiring;
         state.applied = resume.applied;
         state.synced = resume.resync.is_none();
+        state.synced_once |= state.synced;
         state.resync_cause = resume.resync;
         state.origin_cluster_id = origin.cluster_id;
         self.keep_alive(state);
@@ -123,8 +125,12 @@ impl Worker {
             // The cause stays until a sync completes: a sync cut short by an error is redone by
             // the next session, never skipped for the watch.
             if let Some(cause) = state.resync_cause {
-                if cause != ResyncCause::Initial {
-                    self.shared.update(|h| h.resyncs += 1);
+                // Every full sync but the worker's first is a resync, counted with its cause.
+                if cause != ResyncCause::Initial || state.synced_once {
+                    self.shared.update(|h| {
+                        h.resyncs += 1;
+                        *h.resyncs_by_cause.entry(cause.label()).or_default() += 1;
+                    });
                 }
                 self.shared.emit(MirrorEvent::ResyncStarted { cause });
                 info!(cause = cause.as_str(), "full sync");
@@ -132,6 +138,7 @@ impl Worker {
                     Some(by) => return Ok(SessionEnd::Fenced(by)),
                     None => {
                         state.resync_cause = None;
+                        state.synced_once = true;
                         backoff.reset();
                     }
                 }

@@ -191,11 +191,17 @@ impl Worker {
         let started = Instant::now();
         let patience = std::time::Duration::from_secs(2 * self.config.lease_ttl_seconds.max(1) as u64);
         let mut successor_seen = false;
+        let mut first = true;
         loop {
-            tokio::select! {
-                _ = self.cancel.cancelled() => return StandBy::Shutdown,
-                _ = tokio::time::sleep(self.config.keepalive_interval) => {}
+            // The first look is at once: a peer wiped or restored to before any owner is taken
+            // back now, not an interval later.
+            if !first {
+                tokio::select! {
+                    _ = self.cancel.cancelled() => return StandBy::Shutdown,
+                    _ = tokio::time::sleep(self.config.keepalive_interval) => {}
+                }
             }
+            first = false;
             let Ok(peer) = self.peer.connect().await else { continue };
             let Ok(records) = self.read_records(&peer).await else { continue };
             let decision = decide_ownership(&self.config.owner_id, &state.ownership, records.owner.as_ref());

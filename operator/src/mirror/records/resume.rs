@@ -90,7 +90,8 @@ pub struct Resume {
 /// Resumes from the peer's records. `alive[i]` says whether `checkpoint.leases[i]` is alive;
 /// `retiring` are the leases that may hold keys outside the layout (the checkpoint's retiring
 /// ones, or the leases of the peer's keys when there is no checkpoint), each with whether it is
-/// alive. `pending` is a resync this worker still owes (one cut short).
+/// alive. `pending` is a resync this worker still owes (one cut short). `synced_before`: this
+/// worker had the peer synced in an earlier session, so a peer without records lost them.
 pub fn decide_resume(
     checkpoint: Option<&Checkpoint>,
     progress: Option<&Progress>,
@@ -98,6 +99,7 @@ pub fn decide_resume(
     retiring: &[(i64, bool)],
     origin: OriginStatus,
     pending: Option<ResyncCause>,
+    synced_before: bool,
 ) -> Resume {
     let initial = pending.unwrap_or(ResyncCause::Initial);
     // Kept alive until a sync has moved their keys, and recorded so that a successor does too.
@@ -109,7 +111,11 @@ pub fn decide_resume(
             keys: Vec::new(),
             retiring,
             applied: 0,
-            resync: Some(initial),
+            resync: Some(pending.unwrap_or(if synced_before {
+                ResyncCause::RecordsLost
+            } else {
+                ResyncCause::Initial
+            })),
         };
     };
     let leases: Vec<i64> = cp
@@ -239,23 +245,23 @@ mod tests {
     fn resumes_from_the_newest_record_the_peer_holds() {
         let c = cp(40, vec![11, 12], true, 7);
         let p = Progress { owner: "w".into(), revision: 60 };
-        let r = decide_resume(Some(&c), Some(&p), &[true, true], &[], ORIGIN, None);
+        let r = decide_resume(Some(&c), Some(&p), &[true, true], &[], ORIGIN, None, false);
         assert_eq!((r.applied, r.resync, r.leases), (60, None, vec![11, 12]));
     }
 
     #[test]
     fn nothing_recorded_or_an_unfinished_sync_means_a_sync() {
-        let r = decide_resume(None, None, &[], &[], ORIGIN, None);
+        let r = decide_resume(None, None, &[], &[], ORIGIN, None, false);
         assert_eq!((r.resync, r.leases.len()), (Some(ResyncCause::Initial), 0));
         let c = cp(40, vec![11], false, 7);
-        let r = decide_resume(Some(&c), None, &[true], &[], ORIGIN, Some(ResyncCause::Compacted));
+        let r = decide_resume(Some(&c), None, &[true], &[], ORIGIN, Some(ResyncCause::Compacted), false);
         assert_eq!(r.resync, Some(ResyncCause::Compacted));
     }
 
     #[test]
     fn a_lost_lease_is_zeroed_and_resynced() {
         let c = cp(40, vec![11, 12], true, 7);
-        let r = decide_resume(Some(&c), None, &[true, false], &[], ORIGIN, None);
+        let r = decide_resume(Some(&c), None, &[true, false], &[], ORIGIN, None, false);
         assert_eq!((r.leases, r.resync), (vec![11, 0], Some(ResyncCause::LeaseLost)));
     }
 
@@ -263,22 +269,37 @@ mod tests {
     fn a_restored_or_replaced_origin_is_resynced() {
         let c = cp(40, vec![11], true, 7);
         let other = OriginStatus { cluster_id: 8, revision: 1000 };
-        assert_eq!(decide_resume(Some(&c), None, &[true], &[], other, None).resync, Some(ResyncCause::OriginChanged));
+        assert_eq!(
+            decide_resume(Some(&c), None, &[true], &[], other, None, false).resync,
+            Some(ResyncCause::OriginChanged)
+        );
         let behind = OriginStatus { cluster_id: 7, revision: 30 };
-        assert_eq!(decide_resume(Some(&c), None, &[true], &[], behind, None).resync, Some(ResyncCause::OriginChanged));
+        assert_eq!(
+            decide_resume(Some(&c), None, &[true], &[], behind, None, false).resync,
+            Some(ResyncCause::OriginChanged)
+        );
         // A checkpoint from before cluster ids were recorded trusts the revision alone.
         let legacy = cp(40, vec![11], true, 0);
-        assert_eq!(decide_resume(Some(&legacy), None, &[true], &[], other, None).resync, None);
+        assert_eq!(decide_resume(Some(&legacy), None, &[true], &[], other, None, false).resync, None);
     }
 
     #[test]
     fn only_live_retiring_leases_are_kept() {
         let mut c = cp(40, vec![11], true, 7);
         c.retiring = vec![5, 6];
-        let r = decide_resume(Some(&c), None, &[true], &[(5, false), (6, true)], ORIGIN, None);
+        let r = decide_resume(Some(&c), None, &[true], &[(5, false), (6, true)], ORIGIN, None, false);
         assert_eq!(r.retiring, vec![6]);
         // Without a checkpoint, the live leases the peer's keys are on are kept as retiring.
-        let r = decide_resume(None, None, &[], &[(8, true), (9, false)], ORIGIN, None);
+        let r = decide_resume(None, None, &[], &[(8, true), (9, false)], ORIGIN, None, false);
         assert_eq!((r.retiring, r.resync), (vec![8], Some(ResyncCause::Initial)));
+        // A peer that lost the records of a mirror this worker had synced: counted as such.
+        let r = decide_resume(None, None, &[], &[], ORIGIN, None, true);
+        assert_eq!(r.resync, Some(ResyncCause::RecordsLost));
+        let c = cp(40, vec![11], true, 7);
+        assert_eq!(
+            decide_resume(Some(&c), None, &[true], &[], ORIGIN, None, true).resync,
+            None,
+            "records there: no resync"
+        );
     }
 }
