@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
     category = "aether",
     printcolumn(name = "Target", type_ = "string", json_path = ".spec.targetVersion"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
     printcolumn(name = "Copied", type_ = "integer", json_path = ".status.counts.copied"),
     printcolumn(name = "Skipped", type_ = "integer", json_path = ".status.counts.skipped"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),

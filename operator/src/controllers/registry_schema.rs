@@ -301,6 +301,8 @@ pub fn status_from(
     let phase = report.phase.unwrap_or(DrainPhase::Pending);
     let copied_all = matches!(phase, DrainPhase::Draining | DrainPhase::Complete);
     let complete = phase == DrainPhase::Complete;
+    // An error belongs to the phase it happened in: once the drain is complete it is history.
+    let error = error.filter(|_| !complete && phase != DrainPhase::DryRunComplete);
     let dry = if report.dry_run { " (dry run: nothing written)" } else { "" };
     let migrated = condition(
         previous,
@@ -382,6 +384,7 @@ fn failed_status(
         observed_generation: generation,
         phase: Some(DrainPhase::Failed.as_str().to_string()),
         conditions: vec![
+            condition(previous, "Ready", false, reason, message, generation),
             condition(previous, "Migrated", false, reason, message, generation),
             condition(previous, "Drained", false, reason, message, generation),
         ],
@@ -414,7 +417,19 @@ mod tests {
         assert!(d.conditions.iter().all(|c| c.status == "False"));
         assert_eq!(d.conditions[0].reason, "DryRun");
         assert!(s.completed_time.is_some());
+        // An error of an earlier phase does not outlive it.
+        let s = status_from(&s, Some(1), &report, Some("another drain holds the legacy prefix"));
+        assert_eq!(s.message, report.message, "{:?}", s.message);
+        report.phase = Some(DrainPhase::Draining);
         let s = status_from(&s, Some(1), &report, Some("etcd down"));
         assert!(s.message.unwrap().contains("etcd down"));
+    }
+
+    #[test]
+    fn a_failed_drain_is_not_ready_with_its_reason() {
+        let s = failed_status(&RegistrySchemaStatus::default(), Some(2), "InvalidSpec", "legacyPrefix is not a prefix");
+        let ready = s.conditions.iter().find(|c| c.type_ == "Ready").expect("a Ready condition");
+        assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "InvalidSpec"));
+        assert_eq!(s.phase.as_deref(), Some("Failed"));
     }
 }
