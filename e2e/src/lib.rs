@@ -226,13 +226,19 @@ impl Federation {
     /// `aether-operator <args> --kubeconfig <every region's context>`: whether it exited 0, and
     /// what it printed.
     pub fn operator_cli(&self, args: &[&str]) -> anyhow::Result<(bool, String)> {
+        let (code, out) = self.operator_cli_exit(args)?;
+        Ok((code == Some(0), out))
+    }
+
+    /// As `operator_cli`, with the exit code.
+    pub fn operator_cli_exit(&self, args: &[&str]) -> anyhow::Result<(Option<i32>, String)> {
         let out = Command::new(operator_binary()?)
             .args(args)
             .arg("--kubeconfig")
             .arg(self.kubeconfig_with_contexts()?)
             .output()?;
         Ok((
-            out.status.success(),
+            out.status.code(),
             String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr),
         ))
     }

@@ -116,6 +116,27 @@ async fn scenario(names: &[&str]) {
     for op in a_operators {
         fed.kill_operator(&op);
     }
+    // Nobody refreshes a's status now: `status` says so, within a refresh and the Lease's
+    // duration, instead of reading its last words as healthy.
+    let args = with_contexts(&["status"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    wait_until("status names a's status stale", Duration::from_secs(60 + 8 + 10), || {
+        let (fed, args) = (&fed, &args);
+        async move {
+            let (code, table) = fed.operator_cli_exit(args)?;
+            let stale = table.lines().any(|l| l.starts_with("region a (") && l.contains("STALE"));
+            Ok(code == Some(1) && stale)
+        }
+    })
+    .await
+    .unwrap();
+    // A kubeconfig it cannot read is no verdict on the federation: exit 2, naming the file.
+    let out = std::process::Command::new(aether_e2e::operator_binary().unwrap())
+        .args(["status", "--kubeconfig", "/nonexistent/kubeconfig"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/kubeconfig"), "{out:?}");
     fed.region_mut("a").registry.kill();
     for r in &names[1..] {
         let r = *r;

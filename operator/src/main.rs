@@ -1,7 +1,7 @@
 //! `aether-operator`: the operator binary.
 use aether_operator::controllers::{leader, region_peering};
 use aether_operator::metrics::Metrics;
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,8 +21,9 @@ enum Command {
     Run(RunArgs),
     /// Run the v0 -> v1 drain once against an etcd, without the CRD, and print its report.
     Drain(DrainArgs),
-    /// The whole federation: every region's RegionPeering through each kubeconfig context, as an
-    /// origin x peer matrix. Exits 1 unless everything is healthy.
+    /// The whole federation: every region's RegionPeering through kubeconfig contexts (the current
+    /// one, those named with --context, or --all-contexts), as an origin x peer matrix. Exits 0
+    /// when healthy, 1 when not, 2 when it could not check.
     Status(StatusArgs),
     /// Check one RegionPeering's credentials against each etcd it names. Exits 1 on a failure.
     Doctor(DoctorArgs),
@@ -74,6 +75,7 @@ struct DrainArgs {
 enum OutputFormat {
     Table,
     Json,
+    Yaml,
 }
 
 #[derive(clap::Args)]
@@ -81,9 +83,15 @@ struct StatusArgs {
     /// The kubeconfig; KUBECONFIG or ~/.kube/config otherwise.
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
-    /// A context to read (repeat for each region); every context of the kubeconfig when none is given.
-    #[arg(long = "context")]
+    /// A context to read (repeat for each region); the current context when none is given.
+    #[arg(long = "context", conflicts_with = "all_contexts")]
     contexts: Vec<String>,
+    /// Read every context of the kubeconfig.
+    #[arg(long)]
+    all_contexts: bool,
+    /// Seconds all the contexts together may take to answer; they are read at once.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+    timeout: u64,
     /// Only this namespace; all namespaces otherwise.
     #[arg(short, long)]
     namespace: Option<String>,
@@ -172,9 +180,33 @@ fn init_tracing(format: LogFormat) {
     }
 }
 
+/// The command line, with help and errors under the name this binary was called by
+/// (`kubectl aether` when installed as the kubectl plugin `kubectl-aether`).
+fn parse_command_line() -> Cli {
+    let called = std::env::args_os()
+        .next()
+        .and_then(|a| std::path::Path::new(&a).file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "aether-operator".into());
+    let name = match called.strip_prefix("kubectl-") {
+        Some(plugin) => format!("kubectl {plugin}"),
+        None => called,
+    };
+    // clap keeps the name for the life of the program.
+    let name: &'static str = Box::leak(name.into_boxed_str());
+    let matches = Cli::command().name(name).bin_name(name).get_matches();
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
+/// How `status` ends: its exit code.
+enum StatusOutcome {
+    Healthy,
+    Unhealthy,
+    CouldNotCheck,
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    match Cli::parse().command {
+    match parse_command_line().command {
         Command::Manifests { root } => {
             for (path, contents) in aether_operator::manifests::generated_files() {
                 let path = root.join(path);
@@ -187,8 +219,16 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Status(args) => {
-            let healthy = run_status(args).await?;
-            std::process::exit(if healthy { 0 } else { 1 });
+            let code = match run_status(args).await {
+                Ok(StatusOutcome::Healthy) => 0,
+                Ok(StatusOutcome::Unhealthy) => 1,
+                Ok(StatusOutcome::CouldNotCheck) => 2,
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    2
+                }
+            };
+            std::process::exit(code);
         }
         Command::Doctor(args) => {
             let passed = run_doctor(args).await?;
@@ -271,6 +311,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let settings = region_peering::ControllerSettings {
         identity: identity.clone(),
         refresh_interval: Duration::from_secs(args.refresh_seconds.max(1)),
+        leader_lease: format!("{}/{}", args.leader_lease_namespace, args.leader_lease_name),
     };
     let leader_settings = leader::LeaderSettings {
         lease_name: args.leader_lease_name.clone(),
@@ -312,33 +353,70 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Prints the federation (again every 2 s while waiting); whether it is healthy.
-async fn run_status(args: StatusArgs) -> anyhow::Result<bool> {
+/// Prints the federation; while `--wait` lasts and it is not healthy, reads it again every 2 s,
+/// saying on stderr what it waits for.
+async fn run_status(args: StatusArgs) -> anyhow::Result<StatusOutcome> {
     use aether_operator::cli::{load_kubeconfig, status};
     let kubeconfig = load_kubeconfig(args.kubeconfig.as_deref())?;
-    let contexts = if args.contexts.is_empty() {
+    let contexts: Vec<String> = if args.all_contexts {
         kubeconfig.contexts.iter().map(|c| c.name.clone()).collect()
+    } else if args.contexts.is_empty() {
+        let current = kubeconfig.current_context.clone().filter(|c| !c.is_empty());
+        vec![current.ok_or_else(|| anyhow::anyhow!("the kubeconfig has no current context: name one with --context"))?]
     } else {
         args.contexts.clone()
     };
     anyhow::ensure!(!contexts.is_empty(), "the kubeconfig has no context");
-    let deadline = args.wait.map(|s| tokio::time::Instant::now() + Duration::from_secs(s));
+    for context in &contexts {
+        anyhow::ensure!(
+            kubeconfig.contexts.iter().any(|c| &c.name == context),
+            "the kubeconfig has no context {context}"
+        );
+    }
+    let started = tokio::time::Instant::now();
+    let deadline = args.wait.map(|s| started + Duration::from_secs(s));
     loop {
-        let federation = status::gather(&kubeconfig, &contexts, args.namespace.as_deref(), args.etcd).await;
-        let healthy = status::problems(&federation).is_empty();
+        let federation = status::gather(
+            &kubeconfig,
+            &contexts,
+            args.namespace.as_deref(),
+            args.etcd,
+            Duration::from_secs(args.timeout.max(1)),
+        )
+        .await;
+        let problems = status::problems(&federation);
+        let healthy = problems.is_empty();
         let waiting = deadline.is_some_and(|d| tokio::time::Instant::now() < d);
         if healthy || !waiting {
             match args.output {
                 OutputFormat::Table => print!("{}", status::render_table(&federation)),
-                OutputFormat::Json => {
+                OutputFormat::Json | OutputFormat::Yaml => {
                     let mut value = serde_json::to_value(&federation)?;
                     value["healthy"] = healthy.into();
-                    value["problems"] = serde_json::to_value(status::problems(&federation))?;
-                    println!("{}", serde_json::to_string_pretty(&value)?);
+                    value["problems"] = serde_json::to_value(&problems)?;
+                    if args.output == OutputFormat::Json {
+                        println!("{}", serde_json::to_string_pretty(&value)?);
+                    } else {
+                        print!("{}", serde_yaml::to_string(&value)?);
+                    }
                 }
             }
-            return Ok(healthy);
+            let none_read = federation.regions.is_empty() && federation.unreachable.len() == contexts.len();
+            return Ok(if healthy {
+                StatusOutcome::Healthy
+            } else if none_read {
+                StatusOutcome::CouldNotCheck
+            } else {
+                StatusOutcome::Unhealthy
+            });
         }
+        let left = deadline.map_or(0, |d| d.saturating_duration_since(tokio::time::Instant::now()).as_secs());
+        eprintln!(
+            "waiting for the federation ({}s, {left}s left): {} problem(s), first: {}",
+            started.elapsed().as_secs(),
+            problems.len(),
+            problems.first().map(String::as_str).unwrap_or_default()
+        );
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
 }
@@ -367,6 +445,7 @@ async fn run_doctor(args: DoctorArgs) -> anyhow::Result<bool> {
     match args.output {
         OutputFormat::Table => print!("{}", doctor::render(&findings)),
         OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&findings)?),
+        OutputFormat::Yaml => print!("{}", serde_yaml::to_string(&findings)?),
     }
     Ok(!findings.iter().any(|f| f.level == doctor::Level::Fail))
 }

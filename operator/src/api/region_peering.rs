@@ -267,6 +267,16 @@ pub struct RegionPeeringStatus {
     /// The operator instance that holds this region's leadership.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub leader: Option<String>,
+    /// The coordination.k8s.io Lease electing the leader ("namespace/name"): `aether-operator
+    /// status` reads it to tell a stale status from a current one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader_lease: Option<String>,
+    /// When the leader last wrote this status. It writes on every visible change and at least
+    /// every `refreshIntervalSeconds`: older than that (and the Lease's duration), nobody updates it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refreshed_time: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refresh_interval_seconds: Option<i64>,
     /// "ready/total" peers, for `kubectl get`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peers_ready: Option<String>,

@@ -1,5 +1,7 @@
-//! `aether-operator status`: every region's RegionPeering, read through each kubeconfig context,
-//! as one origin x peer matrix; with `--etcd`, each peer's copy checked directly.
+//! `aether-operator status`: every region's RegionPeering, read through kubeconfig contexts (the
+//! current one, those named, or all), as one origin x peer matrix; with `--etcd`, each peer's copy
+//! checked directly. A status nobody refreshes any more (its operator stopped, no leader) is
+//! reported stale, not read as healthy.
 use crate::api::RegionPeering;
 use crate::controllers::region_peering::resolve_connection;
 use crate::keys;
@@ -58,6 +60,59 @@ pub struct RegionRow {
     pub ready: String,
     pub reason: String,
     pub leader: Option<String>,
+    /// When the leader last wrote the status.
+    pub refreshed: Option<String>,
+    /// Why the status cannot be trusted any more (nobody refreshes it), if so.
+    pub stale: Option<String>,
+}
+
+/// A context that could not be read: which, its API server, and why.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Unreadable {
+    pub context: String,
+    pub server: Option<String>,
+    pub error: String,
+}
+
+/// The leader Lease of a region, as read.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LeaderLease {
+    pub holder: Option<String>,
+    pub renewed: Option<k8s_openapi::jiff::Timestamp>,
+    pub duration_seconds: i64,
+}
+
+/// Why a region's status is stale, or None while someone refreshes it (pure). The leader
+/// rewrites the status at least every `refresh_seconds`; a Lease nobody holds or renews means no
+/// operator leads the region; a status older than the refresh and the Lease's duration means its
+/// leader no longer writes it.
+pub fn staleness(
+    now: k8s_openapi::jiff::Timestamp,
+    refreshed: Option<k8s_openapi::jiff::Timestamp>,
+    refresh_seconds: i64,
+    lease: Option<&LeaderLease>,
+) -> Option<String> {
+    let age = |t: k8s_openapi::jiff::Timestamp| (now.as_second() - t.as_second()).max(0);
+    let grace = refresh_seconds + lease.map_or(15, |l| l.duration_seconds) + 5;
+    if let Some(lease) = lease {
+        let expired = lease.renewed.is_none_or(|r| age(r) > lease.duration_seconds);
+        if lease.holder.as_deref().is_none_or(str::is_empty) || expired {
+            let since = lease.renewed.map_or_else(|| "ever".to_string(), |r| format!("{r} ({}s ago)", age(r)));
+            return Some(format!("no operator leads the region: its leader Lease was last renewed {since}"));
+        }
+    }
+    match refreshed {
+        None => Some("the operator has never written this status".into()),
+        Some(t) if age(t) > grace => {
+            let by =
+                lease.and_then(|l| l.holder.clone()).map(|h| format!(" (the Lease names {h})")).unwrap_or_default();
+            Some(format!(
+                "the status was last refreshed {}s ago, longer than its refresh interval of {refresh_seconds}s{by}",
+                age(t)
+            ))
+        }
+        Some(_) => None,
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -65,7 +120,7 @@ pub struct Federation {
     pub regions: Vec<RegionRow>,
     pub mirrors: Vec<MirrorRow>,
     /// Contexts that could not be read, with why.
-    pub unreachable: Vec<(String, String)>,
+    pub unreachable: Vec<Unreadable>,
 }
 
 /// The rows of one RegionPeering (pure).
@@ -80,6 +135,8 @@ pub fn rows(context: &str, rp: &RegionPeering) -> (RegionRow, Vec<MirrorRow>) {
         ready: ready.map_or_else(|| "Unknown".to_string(), |c| c.status.clone()),
         reason: ready.map_or_else(|| "NoStatus".to_string(), |c| c.reason.clone()),
         leader: status.leader.clone(),
+        refreshed: status.refreshed_time.as_ref().map(|t| t.0.to_string()),
+        stale: None,
     };
     let mirrors = rp
         .spec
@@ -108,12 +165,14 @@ pub fn rows(context: &str, rp: &RegionPeering) -> (RegionRow, Vec<MirrorRow>) {
 
 /// Why the federation is not healthy; empty when it is (pure).
 pub fn problems(f: &Federation) -> Vec<String> {
-    let mut out: Vec<String> = f.unreachable.iter().map(|(c, why)| format!("context {c}: {why}")).collect();
+    let mut out: Vec<String> = f.unreachable.iter().map(|u| format!("context {}: {}", u.context, u.error)).collect();
     if f.regions.is_empty() && f.unreachable.is_empty() {
         out.push("no RegionPeering found in any context".into());
     }
     for r in &f.regions {
-        if r.ready != "True" {
+        if let Some(why) = &r.stale {
+            out.push(format!("{} ({}): stale: {why}", r.region, r.object));
+        } else if r.ready != "True" {
             out.push(format!("{} ({}): Ready={} ({})", r.region, r.object, r.ready, r.reason));
         }
     }
@@ -176,13 +235,14 @@ pub fn render_table(f: &Federation) -> String {
     for r in &f.regions {
         let _ = writeln!(
             out,
-            "region {} ({} in context {}): Ready={} ({}), leader {}",
+            "region {} ({} in context {}): Ready={} ({}), leader {}{}",
             r.region,
             r.object,
             r.context,
             r.ready,
             r.reason,
-            r.leader.as_deref().unwrap_or("none")
+            r.leader.as_deref().unwrap_or("none"),
+            r.stale.as_ref().map(|s| format!(", STALE: {s}")).unwrap_or_default()
         );
     }
     let problems = problems(f);
@@ -197,42 +257,93 @@ pub fn render_table(f: &Federation) -> String {
     out
 }
 
-/// Reads every context's RegionPeerings (all namespaces, or `namespace`).
+/// Reads the RegionPeerings (all namespaces, or `namespace`) of every context at once, each
+/// within `deadline`.
 pub async fn gather(
     kubeconfig: &kube::config::Kubeconfig,
     contexts: &[String],
     namespace: Option<&str>,
     check_etcd: bool,
+    deadline: Duration,
 ) -> Federation {
-    let mut f = Federation::default();
-    for context in contexts {
-        let listed = async {
-            let client = super::client_for(kubeconfig, Some(context)).await?;
-            let api: Api<RegionPeering> = match namespace {
-                Some(ns) => Api::namespaced(client.clone(), ns),
-                None => Api::all(client.clone()),
-            };
-            let list = tokio::time::timeout(Duration::from_secs(15), api.list(&ListParams::default()))
-                .await
-                .map_err(|_| anyhow::anyhow!("listing RegionPeerings timed out"))??;
-            anyhow::Ok((client, list.items))
+    let reads = contexts.iter().map(|context| async move {
+        let read = tokio::time::timeout(deadline, read_context(kubeconfig, context, namespace, check_etcd)).await;
+        match read {
+            Ok(Ok(rows)) => Ok(rows),
+            Ok(Err(e)) => Err(unreadable(kubeconfig, context, format!("{e:#}"))),
+            Err(_) => Err(unreadable(kubeconfig, context, format!("no answer within {deadline:?}"))),
         }
-        .await;
-        match listed {
-            Err(e) => f.unreachable.push((context.clone(), format!("cannot list RegionPeerings: {e:#}"))),
-            Ok((client, items)) => {
-                for rp in items {
-                    let (region, mut mirrors) = rows(context, &rp);
-                    if check_etcd {
-                        check_peers(&client, &rp, &mut mirrors).await;
-                    }
-                    f.regions.push(region);
-                    f.mirrors.extend(mirrors);
-                }
+    });
+    let mut f = Federation::default();
+    for read in futures::future::join_all(reads).await {
+        match read {
+            Ok((regions, mirrors)) => {
+                f.regions.extend(regions);
+                f.mirrors.extend(mirrors);
             }
+            Err(u) => f.unreachable.push(u),
         }
     }
     f
+}
+
+/// The API server a context talks to, from the kubeconfig.
+pub fn server_of(kubeconfig: &kube::config::Kubeconfig, context: &str) -> Option<String> {
+    let cluster = kubeconfig.contexts.iter().find(|c| c.name == context)?.context.as_ref()?.cluster.clone();
+    kubeconfig.clusters.iter().find(|c| c.name == cluster)?.cluster.as_ref()?.server.clone()
+}
+
+fn unreadable(kubeconfig: &kube::config::Kubeconfig, context: &str, error: String) -> Unreadable {
+    let server = server_of(kubeconfig, context);
+    let at = server.as_deref().map(|s| format!(" at {s}")).unwrap_or_default();
+    Unreadable { context: context.to_string(), error: format!("the API server{at}: {error}"), server }
+}
+
+async fn read_context(
+    kubeconfig: &kube::config::Kubeconfig,
+    context: &str,
+    namespace: Option<&str>,
+    check_etcd: bool,
+) -> anyhow::Result<(Vec<RegionRow>, Vec<MirrorRow>)> {
+    let client = super::client_for(kubeconfig, Some(context)).await?;
+    let api: Api<RegionPeering> = match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let items =
+        api.list(&ListParams::default()).await.map_err(|e| anyhow::anyhow!("listing RegionPeerings: {e}"))?.items;
+    let (mut regions, mut all_mirrors) = (Vec::new(), Vec::new());
+    for rp in items {
+        let (mut region, mut mirrors) = rows(context, &rp);
+        let status = rp.status.clone().unwrap_or_default();
+        let lease = match status.leader_lease.as_deref().and_then(|l| l.split_once('/')) {
+            Some((ns, name)) => leader_lease(&client, ns, name).await,
+            None => None,
+        };
+        region.stale = staleness(
+            k8s_openapi::jiff::Timestamp::now(),
+            status.refreshed_time.as_ref().map(|t| t.0),
+            status.refresh_interval_seconds.unwrap_or(60),
+            lease.as_ref(),
+        );
+        if check_etcd {
+            check_peers(&client, &rp, &mut mirrors).await;
+        }
+        regions.push(region);
+        all_mirrors.extend(mirrors);
+    }
+    Ok((regions, all_mirrors))
+}
+
+/// A region's leader Lease (None when it cannot be read: then only the status's age speaks).
+async fn leader_lease(client: &kube::Client, namespace: &str, name: &str) -> Option<LeaderLease> {
+    let api: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(client.clone(), namespace);
+    let spec = api.get_opt(name).await.ok()??.spec.unwrap_or_default();
+    Some(LeaderLease {
+        holder: spec.holder_identity,
+        renewed: spec.renew_time.map(|t| t.0),
+        duration_seconds: spec.lease_duration_seconds.unwrap_or(15) as i64,
+    })
 }
 
 /// Counts the origin's subtree on the origin and on each peer, and reads each peer's canary and
@@ -368,8 +479,11 @@ mod tests {
         assert!(render_table(&healthy).contains("healthy: 1 regions, 2 mirrors"));
 
         let (region, mirrors) = rows("ctx-a", &peering(&[("b", "Watching", true), ("c", "Backoff", false)]));
-        let degraded =
-            Federation { regions: vec![region], mirrors, unreachable: vec![("ctx-c".into(), "down".into())] };
+        let degraded = Federation {
+            regions: vec![region],
+            mirrors,
+            unreachable: vec![Unreadable { context: "ctx-c".into(), server: None, error: "down".into() }],
+        };
         let found = problems(&degraded);
         assert!(found.iter().any(|p| p.contains("a -> c: phase Backoff")), "{found:?}");
         assert!(found.iter().any(|p| p.contains("Ready=False")), "{found:?}");
@@ -391,6 +505,43 @@ mod tests {
         assert_eq!(mirrors[1].phase, "Unknown");
         let f = Federation { regions: vec![region], mirrors, unreachable: vec![] };
         assert!(problems(&f).iter().any(|p| p.contains("a -> d")));
+    }
+
+    fn at(second: i64) -> k8s_openapi::jiff::Timestamp {
+        k8s_openapi::jiff::Timestamp::from_second(second).unwrap()
+    }
+
+    #[test]
+    fn a_status_nobody_refreshes_is_stale() {
+        let now = at(1_800_000_000);
+        let lease = |holder: Option<&str>, renewed: i64| LeaderLease {
+            holder: holder.map(String::from),
+            renewed: Some(at(renewed)),
+            duration_seconds: 8,
+        };
+        let held = lease(Some("a-operator-0"), 1_800_000_000 - 2);
+        assert_eq!(staleness(now, Some(at(1_800_000_000 - 30)), 60, Some(&held)), None, "refreshed within the minute");
+        // The operator stopped: nobody renews the Lease.
+        let expired = lease(Some("a-operator-0"), 1_800_000_000 - 20);
+        let why = staleness(now, Some(at(1_800_000_000 - 20)), 60, Some(&expired)).expect("stale");
+        assert!(why.contains("no operator leads the region") && why.contains("20s ago"), "{why}");
+        assert!(staleness(now, Some(at(1_800_000_000 - 1)), 60, Some(&lease(None, 1_800_000_000 - 1))).is_some());
+        // A leader that holds the Lease and writes nothing.
+        let why = staleness(now, Some(at(1_800_000_000 - 200)), 60, Some(&held)).expect("stale");
+        assert!(why.contains("200s ago") && why.contains("a-operator-0"), "{why}");
+        // Without the Lease, the status's age alone.
+        assert!(staleness(now, Some(at(1_800_000_000 - 100)), 60, None).is_some());
+        assert!(staleness(now, None, 60, None).is_some());
+    }
+
+    #[test]
+    fn a_stale_region_makes_the_federation_unhealthy_and_is_named() {
+        let (mut region, mirrors) = rows("ctx-a", &peering(&[("b", "Watching", true)]));
+        region.stale = Some("no operator leads the region".into());
+        let f = Federation { regions: vec![region], mirrors, unreachable: vec![] };
+        let found = problems(&f);
+        assert!(found.iter().any(|p| p.starts_with("a (fed/a): stale:")), "{found:?}");
+        assert!(render_table(&f).contains("STALE"), "{}", render_table(&f));
     }
 
     #[test]

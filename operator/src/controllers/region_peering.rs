@@ -29,6 +29,8 @@ pub struct ControllerSettings {
     pub identity: String,
     /// How often status and metrics are refreshed from the workers' health.
     pub refresh_interval: Duration,
+    /// The Lease electing this region's leader ("namespace/name"), named in status.
+    pub leader_lease: String,
 }
 
 struct Running {
@@ -375,6 +377,7 @@ async fn apply(rp: Arc<RegionPeering>, ctx: Arc<Context>) -> Result<Action, Erro
         conflict,
         config_errors,
         leader: Some(ctx.settings.identity.clone()),
+        leader_lease: Some(ctx.settings.leader_lease.clone()),
         now,
     };
     let new_status = status::compute(rp.status.as_ref(), &observation);

@@ -30,6 +30,7 @@ pub struct Observation<'a> {
     /// Configuration problems (a Secret, endpoints): (reason, message).
     pub config_errors: Vec<(String, String)>,
     pub leader: Option<String>,
+    pub leader_lease: Option<String>,
     pub now: SystemTime,
 }
 
@@ -128,6 +129,9 @@ pub fn compute(previous: Option<&RegionPeeringStatus>, obs: &Observation) -> Reg
         observed_generation: obs.generation,
         conditions,
         leader: obs.leader.clone(),
+        leader_lease: obs.leader_lease.clone(),
+        refreshed_time: Some(to_time(obs.now)),
+        refresh_interval_seconds: Some(STATUS_HEARTBEAT.as_secs() as i64),
         peers_ready: Some(format!("{}/{}", facts.ready_count, spec.peers.len())),
         worst_lag: facts.mirroring().then(|| format_lag(worst.0, worst.1)),
         inbound_summary: (!inbound.is_empty())
@@ -401,6 +405,7 @@ pub fn visible_change(old: Option<&RegionPeeringStatus>, new: &RegionPeeringStat
     let Some(old) = old else { return true };
     let strip = |s: &RegionPeeringStatus| {
         let mut s = s.clone();
+        s.refreshed_time = None;
         for p in &mut s.peers {
             p.keepalive.last_success_time = None;
             p.keepalive.ttl_remaining_seconds = None;
@@ -456,6 +461,7 @@ mod tests {
             conflict: None,
             config_errors: vec![],
             leader: Some("op-0".into()),
+            leader_lease: None,
             now,
         }
     }
