@@ -1,7 +1,12 @@
-//! /metrics (Prometheus text), /healthz and /readyz on one listener. Open (plain HTTP), or secure:
-//! HTTPS, with /metrics served only to bearer tokens the API server authenticates (TokenReview)
-//! and authorizes for `get` on the non-resource URL /metrics (SubjectAccessReview), the way
-//! kubebuilder operators serve it. The probes stay open for the kubelet.
+//! /metrics (Prometheus text), /debug/doctor, /healthz and /readyz on one listener. Open (plain
+//! HTTP), or secure: HTTPS, with /metrics and /debug/doctor served only to bearer tokens the API
+//! server authenticates (TokenReview) and authorizes for `get` on that non-resource URL
+//! (SubjectAccessReview), the way kubebuilder operators serve metrics. The probes stay open for
+//! the kubelet.
+//!
+//! /debug/doctor/<namespace>/<name> runs `doctor`'s checks of that RegionPeering from here: with
+//! the operator's network, identity and credentials, which is what the mirror uses
+//! (`aether-operator doctor --in-cluster`).
 use crate::metrics::Metrics;
 use axum::Router;
 use axum::extract::State;
@@ -84,29 +89,34 @@ enum Decision {
 /// few seconds so a scrape costs no API call most of the time.
 struct Authorizer {
     client: kube::Client,
-    cache: Mutex<HashMap<String, (Instant, Decision)>>,
+    cache: Mutex<HashMap<Asked, (Instant, Decision)>>,
 }
+
+/// A token and the non-resource URL it asked for.
+type Asked = (String, &'static str);
 
 const DECISION_TTL: Duration = Duration::from_secs(10);
 const DECISION_CACHE_ENTRIES: usize = 1024;
 
 impl Authorizer {
-    async fn decide(&self, token: &str) -> Result<Decision, kube::Error> {
-        if let Some((at, decision)) = self.cache.lock().expect("not poisoned").get(token)
+    /// Whether `token` may `get` the non-resource URL `path`.
+    async fn decide(&self, token: &str, path: &'static str) -> Result<Decision, kube::Error> {
+        let key = (token.to_string(), path);
+        if let Some((at, decision)) = self.cache.lock().expect("not poisoned").get(&key)
             && at.elapsed() < DECISION_TTL
         {
             return Ok(decision.clone());
         }
-        let decision = self.ask(token).await?;
+        let decision = self.ask(token, path).await?;
         let mut cache = self.cache.lock().expect("not poisoned");
         if cache.len() >= DECISION_CACHE_ENTRIES {
             cache.clear();
         }
-        cache.insert(token.to_string(), (Instant::now(), decision.clone()));
+        cache.insert(key, (Instant::now(), decision.clone()));
         Ok(decision)
     }
 
-    async fn ask(&self, token: &str) -> Result<Decision, kube::Error> {
+    async fn ask(&self, token: &str, path: &'static str) -> Result<Decision, kube::Error> {
         let review = TokenReview {
             spec: TokenReviewSpec { token: Some(token.to_string()), ..Default::default() },
             ..Default::default()
@@ -123,7 +133,7 @@ impl Authorizer {
                 groups: user.groups,
                 extra: user.extra,
                 non_resource_attributes: Some(NonResourceAttributes {
-                    path: Some("/metrics".into()),
+                    path: Some(path.into()),
                     verb: Some("get".into()),
                 }),
                 ..Default::default()
@@ -137,7 +147,7 @@ impl Authorizer {
             Decision::Allowed
         } else {
             Decision::Forbidden(format!(
-                "{} may not get /metrics (bind it to the metrics reader ClusterRole)",
+                "{} may not get {path} (bind it to the metrics reader ClusterRole)",
                 user.username.unwrap_or_default()
             ))
         })
@@ -148,6 +158,10 @@ impl Authorizer {
 struct AppState {
     metrics: Arc<Metrics>,
     authorizer: Option<Arc<Authorizer>>,
+    /// The operator's own client, for /debug/doctor.
+    client: Option<kube::Client>,
+    /// This instance's name, said with the doctor's findings.
+    identity: String,
 }
 
 fn bearer_token(headers: &HeaderMap) -> Option<&str> {
@@ -156,36 +170,69 @@ fn bearer_token(headers: &HeaderMap) -> Option<&str> {
     (scheme.eq_ignore_ascii_case("bearer") && !token.trim().is_empty()).then(|| token.trim())
 }
 
-async fn metrics_handler(State(state): State<AppState>, headers: HeaderMap) -> Response {
-    if let Some(authorizer) = &state.authorizer {
-        let Some(token) = bearer_token(&headers) else {
-            return (StatusCode::UNAUTHORIZED, "a bearer token is required\n").into_response();
-        };
-        match authorizer.decide(token).await {
-            Ok(Decision::Allowed) => {}
-            Ok(Decision::Unauthenticated) => {
-                return (StatusCode::UNAUTHORIZED, "the token is not valid\n").into_response();
-            }
-            Ok(Decision::Forbidden(why)) => {
-                debug!(%why, "metrics scrape refused");
-                return (StatusCode::FORBIDDEN, format!("{why}\n")).into_response();
-            }
-            Err(e) => {
-                warn!(error = %e, "cannot review a metrics scraper's token");
-                return (StatusCode::SERVICE_UNAVAILABLE, "cannot reach the API server to check the token\n")
-                    .into_response();
-            }
+/// The refusal of a request the secure endpoint does not allow, if it does not.
+async fn refused(state: &AppState, headers: &HeaderMap, path: &'static str) -> Option<Response> {
+    let authorizer = state.authorizer.as_ref()?;
+    let Some(token) = bearer_token(headers) else {
+        return Some((StatusCode::UNAUTHORIZED, "a bearer token is required\n").into_response());
+    };
+    match authorizer.decide(token, path).await {
+        Ok(Decision::Allowed) => None,
+        Ok(Decision::Unauthenticated) => Some((StatusCode::UNAUTHORIZED, "the token is not valid\n").into_response()),
+        Ok(Decision::Forbidden(why)) => {
+            debug!(%why, path, "request refused");
+            Some((StatusCode::FORBIDDEN, format!("{why}\n")).into_response())
         }
+        Err(e) => {
+            warn!(error = %e, path, "cannot review a caller's token");
+            Some((StatusCode::SERVICE_UNAVAILABLE, "cannot reach the API server to check the token\n").into_response())
+        }
+    }
+}
+
+async fn metrics_handler(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    if let Some(refusal) = refused(&state, &headers, "/metrics").await {
+        return refusal;
     }
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], state.metrics.encode())
         .into_response()
 }
+
+/// `doctor`'s checks of one RegionPeering, run from this pod.
+async fn doctor_handler(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    axum::extract::Path((namespace, name)): axum::extract::Path<(String, String)>,
+) -> Response {
+    if let Some(refusal) = refused(&state, &headers, DOCTOR_PATH).await {
+        return refusal;
+    }
+    let Some(client) = state.client.clone() else {
+        return (StatusCode::SERVICE_UNAVAILABLE, "this instance has no API client\n").into_response();
+    };
+    let api: Api<crate::api::RegionPeering> = Api::namespaced(client.clone(), &namespace);
+    let rp = match api.get_opt(&name).await {
+        Ok(Some(rp)) => rp,
+        Ok(None) => return (StatusCode::NOT_FOUND, format!("no RegionPeering {namespace}/{name}\n")).into_response(),
+        Err(e) => {
+            return (StatusCode::BAD_GATEWAY, format!("reading RegionPeering {namespace}/{name}: {e}\n"))
+                .into_response();
+        }
+    };
+    let findings = crate::cli::doctor::run(&client, &rp).await;
+    let body = serde_json::json!({ "checkedFrom": format!("operator pod {}", state.identity), "findings": findings });
+    ([(header::CONTENT_TYPE, "application/json")], body.to_string()).into_response()
+}
+
+/// The non-resource URL a caller of /debug/doctor must be allowed to `get`.
+pub const DOCTOR_PATH: &str = "/debug/doctor";
 
 /// Serves until `shutdown`; the listener is bound before this returns.
 pub async fn serve(
     addr: &str,
     access: MetricsAccess,
     metrics: Arc<Metrics>,
+    doctor: Option<(kube::Client, String)>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
     let (tls, authorizer) = match access {
@@ -194,11 +241,13 @@ pub async fn serve(
             (Some(identity.acceptor()?), Some(Arc::new(Authorizer { client, cache: Mutex::new(HashMap::new()) })))
         }
     };
+    let (client, identity) = doctor.map_or((None, String::new()), |(c, i)| (Some(c), i));
     let app = Router::new()
         .route("/metrics", get(metrics_handler))
+        .route("/debug/doctor/{namespace}/{name}", get(doctor_handler))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(|| async { "ok" }))
-        .with_state(AppState { metrics, authorizer });
+        .with_state(AppState { metrics, authorizer, client, identity });
     let listener = TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("binding {addr}: {e}"))?;
     let stopped = async move { shutdown.cancelled().await };
     Ok(match tls {

@@ -120,6 +120,23 @@ struct DoctorArgs {
     namespace: Option<String>,
     #[arg(short, long, value_enum, default_value = "table")]
     output: OutputFormat,
+    /// Run the checks from the region's leader pod, with the operator's network and credentials
+    /// (through a port-forward to it), instead of from this machine.
+    #[arg(long)]
+    in_cluster: bool,
+    /// With --in-cluster: reach the operator's metrics listener at this URL instead of through a
+    /// port-forward to the leader.
+    #[arg(long, requires = "in_cluster")]
+    operator_url: Option<String>,
+    /// With --in-cluster: the leader's metrics port.
+    #[arg(long, default_value_t = 8443)]
+    metrics_port: u16,
+    /// With --in-cluster: the metrics listener serves plain HTTP (metrics.secure=false).
+    #[arg(long)]
+    metrics_plain: bool,
+    /// With --in-cluster: the bearer token the operator reviews (the kubeconfig's, when it has one).
+    #[arg(long, env = "AETHER_TOKEN", hide_env_values = true)]
+    token: Option<String>,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -293,7 +310,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     } else {
         aether_operator::http::MetricsAccess::Open
     };
-    let server = aether_operator::http::serve(&args.metrics_addr, access, metrics.clone(), shutdown.clone()).await?;
+    let doctor = Some((client.clone(), identity.clone()));
+    let server =
+        aether_operator::http::serve(&args.metrics_addr, access, metrics.clone(), doctor, shutdown.clone()).await?;
     info!(identity = %identity, addr = %args.metrics_addr, "aether-operator starting");
 
     let signal = shutdown.clone();
@@ -441,13 +460,47 @@ async fn run_doctor(args: DoctorArgs) -> anyhow::Result<bool> {
             all.remove(0)
         }
     };
-    let findings = doctor::run(&client, &rp).await;
+    let (checked_from, findings) = if args.in_cluster {
+        let token = match args.token.clone() {
+            Some(token) => Some(token),
+            None => kubeconfig_token(&kubeconfig, args.context.as_deref()).await,
+        };
+        let reach = match args.operator_url.clone() {
+            Some(url) => aether_operator::cli::in_cluster::Reach::Url(url),
+            None => {
+                aether_operator::cli::in_cluster::Reach::Leader { port: args.metrics_port, https: !args.metrics_plain }
+            }
+        };
+        let answer = aether_operator::cli::in_cluster::ask(&client, &rp, reach, token.as_deref()).await?;
+        (answer.checked_from, answer.findings)
+    } else {
+        let host = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
+        let from = format!(
+            "this machine{}, with your kubeconfig's identity",
+            if host.is_empty() { String::new() } else { format!(" ({host})") }
+        );
+        (from, doctor::run(&client, &rp).await)
+    };
+    if args.output == OutputFormat::Table {
+        println!(
+            "checked from {checked_from}{}",
+            if args.in_cluster { "" } else { "; --in-cluster checks from the operator's pod" }
+        );
+    }
     match args.output {
         OutputFormat::Table => print!("{}", doctor::render(&findings)),
         OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&findings)?),
         OutputFormat::Yaml => print!("{}", serde_yaml::to_string(&findings)?),
     }
     Ok(!findings.iter().any(|f| f.level == doctor::Level::Fail))
+}
+
+/// The bearer token of a context's user, when the kubeconfig has one.
+async fn kubeconfig_token(kubeconfig: &kube::config::Kubeconfig, context: Option<&str>) -> Option<String> {
+    use secrecy::ExposeSecret;
+    let options = kube::config::KubeConfigOptions { context: context.map(String::from), ..Default::default() };
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig.clone(), &options).await.ok()?;
+    config.auth_info.token.as_ref().map(|t| t.expose_secret().to_string())
 }
 
 async fn run_drain(args: DrainArgs) -> anyhow::Result<aether_operator::drain::DrainReport> {

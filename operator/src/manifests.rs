@@ -48,6 +48,12 @@ pub fn metrics_reader_rules() -> Value {
     json!([{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}])
 }
 
+/// What a person is bound to, to run `doctor --in-cluster` (/debug/doctor of a secure endpoint):
+/// apart from the metrics reader, so that a scraper cannot make the operator dial every etcd.
+pub fn doctor_rules() -> Value {
+    json!([{"nonResourceURLs": [crate::http::DOCTOR_PATH], "verbs": ["get"]}])
+}
+
 /// The Role rules for leader election in the operator's namespace.
 pub fn leader_election_rules() -> Value {
     json!([{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "list", "watch", "create", "update", "patch"]}])
@@ -108,12 +114,14 @@ pub fn generated_files() -> Vec<(String, String)> {
         "config/rbac/metrics_reader_role.yaml".into(),
         documents(&[
             json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "aether-operator-metrics-reader"}, "rules": metrics_reader_rules()}),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": "aether-operator-doctor"}, "rules": doctor_rules()}),
         ]),
     ));
     for (name, rules) in [
         ("namespaced-rules.yaml", namespaced_rules()),
         ("metrics-auth-rules.yaml", metrics_auth_rules()),
         ("metrics-reader-rules.yaml", metrics_reader_rules()),
+        ("doctor-rules.yaml", doctor_rules()),
     ] {
         files.push((format!("charts/aether-federation/files/{name}"), format!("{HEADER}{}", yaml(&rules))));
     }

@@ -97,6 +97,42 @@ async fn metrics_are_served_over_https_only_to_scrapers_the_api_server_allows() 
     assert_eq!(get_https(port, ca, Some(&stranger), "/metrics").await, Err(403));
     // Plain HTTP gets nothing from a secure endpoint.
     assert!(!scrape_metrics(port).await.contains("aether_federation_"));
+
+    // `doctor --in-cluster`: the checks run from the operator, for a person bound to the doctor
+    // role only; a scraper may read /metrics and not make the operator dial every etcd.
+    kubectl(&apiserver, &["create", "serviceaccount", "oncall", "-n", "aether-system"]);
+    kubectl(
+        &apiserver,
+        &[
+            "create",
+            "clusterrolebinding",
+            "oncall-runs-doctor",
+            "--clusterrole=aether-operator-doctor",
+            "--serviceaccount=aether-system:oncall",
+        ],
+    );
+    let etcd = EtcdServer::start("doctor-local").await.unwrap();
+    let client = apiserver.client().await.unwrap();
+    let api: Api<RegionPeering> = Api::namespaced(client.clone(), NS);
+    let rp: RegionPeering = serde_json::from_value(peering("a", "a", &etcd, &[])).unwrap();
+    api.create(&PostParams::default(), &rp).await.unwrap();
+    let doctor = |token: String| {
+        let out = Command::new(env!("CARGO_BIN_EXE_aether-operator"))
+            .args(["doctor", "a", "-n", NS, "--in-cluster"])
+            .args(["--operator-url", &format!("https://127.0.0.1:{port}"), "--token", &token])
+            .arg("--kubeconfig")
+            .arg(apiserver.kubeconfig())
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr))
+    };
+    let oncall = service_account_token(&apiserver, "aether-system", "oncall");
+    let (code, out) = doctor(oncall);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("checked from operator pod op") && out.contains("connect"), "{out}");
+    let (code, out) = doctor(scraper);
+    assert_ne!(code, Some(0), "{out}");
+    assert!(out.contains("may not get /debug/doctor"), "{out}");
 }
 
 /// The chart rendered for a namespaced install: only the objects that grant access.

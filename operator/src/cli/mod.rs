@@ -2,6 +2,7 @@
 //! `doctor` (one RegionPeering's credentials against each etcd). Installed as a kubectl plugin
 //! too: the same binary, named `kubectl-aether`, answers `kubectl aether status`.
 pub mod doctor;
+pub mod in_cluster;
 pub mod status;
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
