@@ -162,6 +162,8 @@ async fn apply(rs: Arc<RegistrySchema>, ctx: Arc<Context>) -> Result<Action, Err
         Err(e) => {
             let status = failed_status(&previous, rs.metadata.generation, e.reason(), &e.to_string());
             patch(&api, &rs.name_any(), &previous, status).await?;
+            // The phase metric says Failed too, so that the drain-failed alert can fire.
+            ctx.metrics.record_drain_phase(&spec.region, DrainPhase::Failed);
             return Ok(Action::requeue(Duration::from_secs(10)));
         }
     };

@@ -196,10 +196,12 @@ fn ready(f: &Facts) -> Verdict {
         })
         .collect();
     // A peer whose sessions fail says why, in a reason a person can act on (`problem.rs`).
+    // The class stays until the peer applies something again, so the reason does not flip
+    // between a failed session and the next attempt.
     let failing = obs
         .peers
         .iter()
-        .find(|h| h.phase == Phase::Backoff && spec.peers.iter().any(|p| p.region == h.peer) && !f.ready_peer(h));
+        .find(|h| h.last_error_reason.is_some() && spec.peers.iter().any(|p| p.region == h.peer) && !f.ready_peer(h));
     if let Some((reason, h)) = failing.and_then(|h| h.last_error_reason.map(|r| (r, h))) {
         let message = h.last_error.clone().unwrap_or_default();
         return verdict(false, reason, format!("{}: {message}; {}", h.peer, not_ready.join("; ")));
@@ -527,6 +529,27 @@ mod tests {
         assert_eq!(status.peers[0].keepalive.last_round_milliseconds, Some(10_500));
         h.record_keepalive_rtt(Duration::from_millis(900));
         assert_eq!(get(&compute(None, &observe(&spec, vec![h], now)), KEEPALIVE_DEGRADED).status, "False");
+    }
+
+    #[test]
+    fn a_failing_peer_makes_ready_say_why_until_it_applies_again() {
+        let now = SystemTime::now();
+        let spec = spec(&["b"]);
+        let mut h = healthy("b", now);
+        h.synced = false;
+        h.phase = Phase::Connecting; // between two failed sessions
+        h.last_error_reason = Some("TLSUntrusted");
+        h.last_error =
+            Some("https://etcd-b:2379: the etcd's certificate is not trusted by ca.crt of Secret fed/b".into());
+        let ready = get(&compute(None, &observe(&spec, vec![h.clone()], now)), READY).clone();
+        assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "TLSUntrusted"));
+        assert!(
+            ready.message.contains("b: https://etcd-b:2379") && ready.message.contains("Secret fed/b"),
+            "{}",
+            ready.message
+        );
+        h.last_error_reason = None;
+        assert_eq!(get(&compute(None, &observe(&spec, vec![h], now)), READY).reason, "PeerNotSynced");
     }
 
     #[test]

@@ -224,7 +224,7 @@ fn rustls_symptoms(e: &(dyn StdError + 'static), s: &mut Symptoms) {
 pub fn classify(error: &(dyn StdError + 'static), connection: &Connection, now: i64) -> Classified {
     let s = symptoms(error);
     let at = &connection.endpoint;
-    let secret = connection.credentials.as_deref().unwrap_or("the connection's Secret");
+    let secret = connection.credentials.as_deref().unwrap_or("the connection (it names no Secret)");
     let expired_client = connection.client_cert_not_after.filter(|t| *t <= now);
     let has = |needle: &str| s.text.contains(needle);
     let code = |c: tonic::Code| s.codes.contains(&c);
