@@ -66,6 +66,7 @@ impl AccessError {
 }
 
 /// An etcd target and a fingerprint of everything that, when changed, must restart a worker.
+#[derive(Clone)]
 pub struct Access {
     pub target: EtcdTarget,
     pub fingerprint: u64,

@@ -1,5 +1,79 @@
-//! Turning a RegionPeering spec into worker changes, and resolving region claims, without IO.
+//! What a RegionPeering reconcile decides, without IO: which workers run (`decide`), how the
+//! running ones change (`worker_changes`), and which claim on a region wins (`conflict`). The
+//! reconciler reads (Secrets, claims, running workers), decides here, acts, then reports status.
 use std::collections::BTreeMap;
+
+/// A configuration problem as status and events show it: (reason, message).
+pub type Problem = (String, String);
+
+/// What a reconcile read, as the decision needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Facts {
+    pub suspend: bool,
+    /// Another RegionPeering's older claim on this region of this etcd, if any.
+    pub conflict: Option<String>,
+    /// The local etcd's connection: resolved, or why not.
+    pub local: Result<(), Problem>,
+    /// Each peer of the spec, in order: its worker's fingerprint (everything that restarts it),
+    /// or why its connection cannot be resolved.
+    pub peers: Vec<(String, Result<u64, Problem>)>,
+    /// The workers running now (and alive), with their fingerprints.
+    pub running: BTreeMap<String, u64>,
+}
+
+impl Default for Facts {
+    fn default() -> Self {
+        Facts { suspend: false, conflict: None, local: Ok(()), peers: Vec::new(), running: BTreeMap::new() }
+    }
+}
+
+/// What a reconcile does.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Decision {
+    /// The workers to start, restart and stop.
+    pub changes: Vec<WorkerChange>,
+    /// Configuration problems, for status (each also a Warning, once).
+    pub config_errors: Vec<Problem>,
+    /// Warnings to publish once: the conflict and the configuration problems.
+    pub warnings: Vec<Problem>,
+}
+
+/// Decides which workers run. Nothing runs while the object is suspended or conflicts with an
+/// older claim. A peer whose connection cannot be resolved (a Secret being rotated, say) keeps its
+/// worker as it runs: only a worker whose configuration is known changes.
+pub fn decide(facts: &Facts) -> Decision {
+    let mut decision = Decision::default();
+    if let Some(message) = &facts.conflict {
+        decision.warnings.push(("Conflict".into(), message.clone()));
+    }
+    let may_run = facts.conflict.is_none() && !facts.suspend;
+    let mut desired: BTreeMap<String, u64> = BTreeMap::new();
+    if may_run {
+        match &facts.local {
+            Err((reason, message)) => decision.config_errors.push((reason.clone(), format!("localEtcd: {message}"))),
+            Ok(()) => {
+                for (peer, resolved) in &facts.peers {
+                    match resolved {
+                        Ok(fingerprint) => {
+                            desired.insert(peer.clone(), *fingerprint);
+                        }
+                        Err((reason, message)) => {
+                            decision.config_errors.push((reason.clone(), format!("peer {peer}: {message}")))
+                        }
+                    }
+                }
+            }
+        }
+        for (peer, fingerprint) in &facts.running {
+            if !desired.contains_key(peer) && facts.peers.iter().any(|(p, _)| p == peer) {
+                desired.insert(peer.clone(), *fingerprint);
+            }
+        }
+    }
+    decision.warnings.extend(decision.config_errors.iter().cloned());
+    decision.changes = worker_changes(&desired, &facts.running);
+    decision
+}
 
 /// What to do with one peer's worker.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -74,6 +148,61 @@ pub fn conflict(me: &Claim, all: &[Claim]) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn facts(peers: &[(&str, Result<u64, Problem>)], running: &[(&str, u64)]) -> Facts {
+        Facts {
+            peers: peers.iter().map(|(p, r)| (p.to_string(), r.clone())).collect(),
+            running: running.iter().map(|(p, f)| (p.to_string(), *f)).collect(),
+            ..Facts::default()
+        }
+    }
+
+    #[test]
+    fn every_resolved_peer_runs_a_worker_and_changed_ones_restart() {
+        let d = decide(&facts(&[("b", Ok(1)), ("c", Ok(7))], &[("b", 1), ("c", 2), ("gone", 3)]));
+        assert_eq!(
+            d.changes,
+            vec![WorkerChange::Restart("c".into()), WorkerChange::Stop("gone".into())],
+            "c's configuration changed; gone left the spec"
+        );
+        assert!(d.config_errors.is_empty() && d.warnings.is_empty());
+        let d = decide(&facts(&[("b", Ok(1))], &[]));
+        assert_eq!(d.changes, vec![WorkerChange::Start("b".into())]);
+    }
+
+    #[test]
+    fn an_unreadable_peer_keeps_its_worker_and_says_why() {
+        let broken = Err(("SecretNotFound".to_string(), "Secret b-etcd not found".to_string()));
+        let d = decide(&facts(&[("b", broken.clone()), ("c", Ok(1))], &[("b", 5), ("c", 1)]));
+        assert!(d.changes.is_empty(), "b keeps running as it was: {:?}", d.changes);
+        assert_eq!(d.config_errors, vec![("SecretNotFound".into(), "peer b: Secret b-etcd not found".into())]);
+        assert_eq!(d.warnings, d.config_errors);
+        // Not running yet: it waits for its configuration.
+        let d = decide(&facts(&[("b", broken)], &[]));
+        assert!(d.changes.is_empty());
+    }
+
+    #[test]
+    fn an_unreadable_local_etcd_starts_nothing_and_stops_nothing() {
+        let mut f = facts(&[("b", Ok(1)), ("c", Ok(2))], &[("b", 1)]);
+        f.local = Err(("SecretInvalid".into(), "tls.crt is not PEM".into()));
+        let d = decide(&f);
+        assert!(d.changes.is_empty(), "{:?}", d.changes);
+        assert_eq!(d.config_errors, vec![("SecretInvalid".into(), "localEtcd: tls.crt is not PEM".into())]);
+    }
+
+    #[test]
+    fn a_suspended_or_conflicting_object_runs_nothing() {
+        let mut f = facts(&[("b", Ok(1))], &[("b", 1)]);
+        f.suspend = true;
+        assert_eq!(decide(&f).changes, vec![WorkerChange::Stop("b".into())]);
+        f.suspend = false;
+        f.conflict = Some("region a on this etcd is already federated by ns/first".into());
+        let d = decide(&f);
+        assert_eq!(d.changes, vec![WorkerChange::Stop("b".into())]);
+        assert_eq!(d.warnings, vec![("Conflict".into(), f.conflict.clone().unwrap())]);
+        assert!(d.config_errors.is_empty(), "a conflict is not a configuration error");
+    }
 
     #[test]
     fn spec_changes_map_to_worker_changes() {

@@ -1,7 +1,7 @@
 //! The RegionPeering reconciler: turns the spec into running mirror workers, and what they report
 //! into status, events and metrics. Only the region's leader runs it.
 use super::etcd_access::{Access, AccessError, SecretRead, access};
-use super::plan::{Claim, WorkerChange, conflict, worker_changes};
+use super::plan::{self, Claim, WorkerChange, conflict};
 use super::status::{self, Observation, STATUS_HEARTBEAT};
 use crate::api::{EtcdConnection, RegionPeering, RegionPeeringSpec};
 use crate::metrics::Metrics;
@@ -142,10 +142,8 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>, stop: Cancellatio
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
-    #[error("{0}")]
-    Other(String),
+    #[error("writing status: {0}")]
+    WriteStatus(#[source] kube::Error),
     #[error("finalizer: {0}")]
     Finalizer(Box<kube::runtime::finalizer::Error<Error>>),
 }
@@ -243,29 +241,48 @@ async fn cleanup(rp: Arc<RegionPeering>, ctx: Arc<Context>) -> Result<Action, Er
 /// How long deletion waits for one peer.
 const RETIRE_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// One reconcile of a live object: read, decide (pure, `plan::decide`), act, report. Each step
+/// reads only what the one before it produced.
 async fn apply(rp: Arc<RegionPeering>, ctx: Arc<Context>) -> Result<Action, Error> {
     let key = object_key(&rp);
+    sweep_deleted(&ctx).await;
+    announce_leadership(&ctx, &rp, &key).await;
+    let read = read(&ctx, &rp, &key).await;
+    let decision = plan::decide(&read.facts);
+    act(&ctx, &rp, &key, &decision, read.peers).await;
+    report(&ctx, &rp, &key, &read.local, read.facts.conflict, decision.config_errors).await?;
+    ctx.failures.lock().expect("lock").remove(&key);
+    Ok(Action::requeue(ctx.settings.refresh_interval))
+}
+
+/// The first reconcile of an object under this leader says so, once.
+async fn announce_leadership(ctx: &Context, rp: &RegionPeering, key: &str) {
+    if ctx.announced.lock().expect("lock").insert(key.to_string()) {
+        let note = format!("{} leads region {} and runs its mirrors", ctx.settings.identity, rp.spec.region);
+        publish(ctx, rp, EventType::Normal, "LeaderElected", note).await;
+    }
+}
+
+/// What a reconcile read: the facts for the decision, and the accesses its actions use.
+struct Read {
+    facts: plan::Facts,
+    /// The local etcd's access, or why it cannot be built.
+    local: Result<Access, AccessError>,
+    /// Each resolved peer's (worker fingerprint, local access, peer access).
+    peers: BTreeMap<String, (u64, Access, Access)>,
+}
+
+/// Reads the connections (Secrets), every claim on this region and the running workers. A
+/// worker that ended on its own (only a panic ends one) is dropped here, so it starts again.
+async fn read(ctx: &Context, rp: &RegionPeering, key: &str) -> Read {
     let namespace = rp.namespace().unwrap_or_default();
     let spec = &rp.spec;
-    sweep_deleted(&ctx).await;
-
-    if ctx.announced.lock().expect("lock").insert(key.clone()) {
-        publish(
-            &ctx,
-            &rp,
-            EventType::Normal,
-            "LeaderElected",
-            format!("{} leads region {} and runs its mirrors", ctx.settings.identity, spec.region),
-        )
-        .await;
-    }
-
-    // Which workers should run. Claims compare etcd cluster ids once they are known.
-    let local = resolve(&ctx, &namespace, &spec.local_etcd).await;
+    let local = resolve(ctx, &namespace, &spec.local_etcd).await;
+    // Claims compare etcd cluster ids once they are known.
     if let Ok(local_access) = &local
-        && let Some(id) = local_cluster_id(&ctx, &key, local_access).await
+        && let Some(id) = local_cluster_id(ctx, key, local_access).await
     {
-        ctx.cluster_ids.lock().expect("lock").insert(key.clone(), id);
+        ctx.cluster_ids.lock().expect("lock").insert(key.to_string(), id);
     }
     let objects: Vec<RegionPeering> = ctx
         .stores
@@ -274,43 +291,25 @@ async fn apply(rp: Arc<RegionPeering>, ctx: Arc<Context>) -> Result<Action, Erro
         .iter()
         .flat_map(|s| s.state().iter().map(|o| (**o).clone()).collect::<Vec<_>>())
         .collect();
-    let claims: Vec<Claim> = objects.iter().map(|o| claim(&ctx, o)).collect();
-    let conflict = conflict(&claim(&ctx, &rp), &claims);
-    let mut config_errors: Vec<(String, String)> = Vec::new();
-    let mut desired: BTreeMap<String, (u64, Access, Access)> = BTreeMap::new();
-    if conflict.is_none() && !spec.suspend {
-        match &local {
-            Err(e) => config_errors.push((e.reason().to_string(), format!("localEtcd: {e}"))),
-            Ok(local_access) => {
-                for peer in &spec.peers {
-                    match resolve(&ctx, &namespace, &peer.connection()).await {
-                        Err(e) => config_errors.push((e.reason().to_string(), format!("peer {}: {e}", peer.region))),
-                        Ok(peer_access) => {
-                            let fingerprint = worker_fingerprint(
-                                spec,
-                                &peer.region,
-                                local_access.fingerprint,
-                                peer_access.fingerprint,
-                            );
-                            let local_again =
-                                Access { target: local_access.target.clone(), fingerprint: local_access.fingerprint };
-                            desired.insert(peer.region.clone(), (fingerprint, local_again, peer_access));
-                        }
-                    }
-                }
+    let claims: Vec<Claim> = objects.iter().map(|o| claim(ctx, o)).collect();
+    let mut peers = BTreeMap::new();
+    let mut peer_facts = Vec::new();
+    for peer in &spec.peers {
+        let resolved = match (&local, resolve(ctx, &namespace, &peer.connection()).await) {
+            (_, Err(e)) => Err(problem(&e)),
+            (Err(_), Ok(_)) => Ok(0),
+            (Ok(local_access), Ok(peer_access)) => {
+                let fingerprint =
+                    worker_fingerprint(spec, &peer.region, local_access.fingerprint, peer_access.fingerprint);
+                peers.insert(peer.region.clone(), (fingerprint, local_access.clone(), peer_access));
+                Ok(fingerprint)
             }
-        }
+        };
+        peer_facts.push((peer.region.clone(), resolved));
     }
-    if let Some(message) = &conflict {
-        publish_once(&ctx, &rp, "Conflict", message.clone()).await;
-    }
-    for (reason, message) in &config_errors {
-        publish_once(&ctx, &rp, reason, message.clone()).await;
-    }
-
-    // Start, restart and stop workers. A worker that ended on its own (only a panic ends one) is
-    // started again.
-    if let Some(workers) = ctx.workers.lock().expect("workers lock").get_mut(&key) {
+    let running = {
+        let mut workers = ctx.workers.lock().expect("workers lock");
+        let workers = workers.entry(key.to_string()).or_default();
         workers.retain(|peer, r| {
             let finished = r.handle.is_finished();
             if finished {
@@ -318,54 +317,75 @@ async fn apply(rp: Arc<RegionPeering>, ctx: Arc<Context>) -> Result<Action, Erro
             }
             !finished
         });
+        workers.iter().map(|(peer, r)| (peer.clone(), r.fingerprint)).collect()
+    };
+    let facts = plan::Facts {
+        suspend: spec.suspend,
+        conflict: conflict(&claim(ctx, rp), &claims),
+        local: local.as_ref().map(|_| ()).map_err(problem),
+        peers: peer_facts,
+        running,
+    };
+    Read { facts, local, peers }
+}
+
+fn problem(error: &AccessError) -> plan::Problem {
+    (error.reason().to_string(), error.to_string())
+}
+
+/// Publishes the decision's warnings (each once) and starts, restarts and stops workers.
+async fn act(
+    ctx: &Arc<Context>,
+    rp: &RegionPeering,
+    key: &str,
+    decision: &plan::Decision,
+    mut accesses: BTreeMap<String, (u64, Access, Access)>,
+) {
+    for (reason, message) in &decision.warnings {
+        publish_once(ctx, rp, reason, message.clone()).await;
     }
-    let running: BTreeMap<String, u64> = ctx
-        .workers
-        .lock()
-        .expect("workers lock")
-        .get(&key)
-        .map(|w| w.iter().map(|(peer, r)| (peer.clone(), r.fingerprint)).collect())
-        .unwrap_or_default();
-    // A peer whose configuration cannot be read keeps its worker as it was.
-    let mut desired_prints: BTreeMap<String, u64> = desired.iter().map(|(p, (f, _, _))| (p.clone(), *f)).collect();
-    if conflict.is_none() && !spec.suspend {
-        for (peer, fingerprint) in &running {
-            if !desired_prints.contains_key(peer) && spec.peers.iter().any(|p| &p.region == peer) {
-                desired_prints.insert(peer.clone(), *fingerprint);
-            }
-        }
-    }
-    for change in worker_changes(&desired_prints, &running) {
-        let peer = match &change {
-            WorkerChange::Start(p) | WorkerChange::Restart(p) | WorkerChange::Stop(p) => p.clone(),
+    for change in &decision.changes {
+        let peer = match change {
+            WorkerChange::Start(p) | WorkerChange::Restart(p) | WorkerChange::Stop(p) => p,
         };
         if !matches!(change, WorkerChange::Start(_)) {
-            let old = ctx.workers.lock().expect("workers lock").get_mut(&key).and_then(|w| w.remove(&peer));
+            let old = ctx.workers.lock().expect("workers lock").get_mut(key).and_then(|w| w.remove(peer));
             if let Some(old) = old {
-                ctx.stop_worker(&key, &peer, old).await;
+                ctx.stop_worker(key, peer, old).await;
             }
         }
         if !matches!(change, WorkerChange::Stop(_))
-            && let Some((fingerprint, local_access, peer_access)) = desired.remove(&peer)
+            && let Some((fingerprint, local, remote)) = accesses.remove(peer)
         {
-            start_worker(&ctx, &rp, &key, &peer, fingerprint, local_access, peer_access);
+            start_worker(ctx, rp, key, peer, fingerprint, local, remote);
         }
     }
+}
 
-    // Status from the workers' health and the inbound view.
+/// Status, metrics and the inbound view from the workers' health; the status is written only
+/// when something visible changed or the heartbeat is due.
+async fn report(
+    ctx: &Context,
+    rp: &RegionPeering,
+    key: &str,
+    local: &Result<Access, AccessError>,
+    conflict: Option<String>,
+    config_errors: Vec<plan::Problem>,
+) -> Result<(), Error> {
+    let spec = &rp.spec;
     let now = SystemTime::now();
     let peers: Vec<mirror::PeerHealth> = ctx
         .workers
         .lock()
         .expect("workers lock")
-        .get(&key)
+        .get(key)
         .map(|w| w.values().map(|r| r.handle.health()).collect())
         .unwrap_or_default();
     for h in &peers {
         ctx.metrics.record_peer(h, now);
     }
-    let inbound = match &local {
-        Ok(local_access) => observe_inbound(&ctx, &key, spec, local_access).await,
+    let inbound = match local {
+        Ok(local_access) => observe_inbound(ctx, key, spec, local_access).await,
         Err(_) => Vec::new(),
     };
     ctx.metrics.record_inbound(&spec.region, &inbound);
@@ -381,21 +401,23 @@ async fn apply(rp: Arc<RegionPeering>, ctx: Arc<Context>) -> Result<Action, Erro
         now,
     };
     let new_status = status::compute(rp.status.as_ref(), &observation);
-    let stale = ctx.patched.lock().expect("lock").get(&key).is_none_or(|t| t.elapsed() >= STATUS_HEARTBEAT);
-    if status::visible_change(rp.status.as_ref(), &new_status) || stale {
-        let api: Api<RegionPeering> = Api::namespaced(ctx.client.clone(), &namespace);
-        // Server-side apply of the whole status: fields no longer set are removed.
-        let body = serde_json::json!({
-            "apiVersion": "federation.aether.dev/v1alpha1",
-            "kind": "RegionPeering",
-            "status": new_status,
-        });
-        api.patch_status(&rp.name_any(), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(body)).await?;
-        ctx.patched.lock().expect("lock").insert(key.clone(), Instant::now());
-        ctx.metrics.status_patched(&spec.region);
+    let stale = ctx.patched.lock().expect("lock").get(key).is_none_or(|t| t.elapsed() >= STATUS_HEARTBEAT);
+    if !status::visible_change(rp.status.as_ref(), &new_status) && !stale {
+        return Ok(());
     }
-    ctx.failures.lock().expect("lock").remove(&key);
-    Ok(Action::requeue(ctx.settings.refresh_interval))
+    let api: Api<RegionPeering> = Api::namespaced(ctx.client.clone(), &rp.namespace().unwrap_or_default());
+    // Server-side apply of the whole status: fields no longer set are removed.
+    let body = serde_json::json!({
+        "apiVersion": "federation.aether.dev/v1alpha1",
+        "kind": "RegionPeering",
+        "status": new_status,
+    });
+    api.patch_status(&rp.name_any(), &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(body))
+        .await
+        .map_err(Error::WriteStatus)?;
+    ctx.patched.lock().expect("lock").insert(key.to_string(), Instant::now());
+    ctx.metrics.status_patched(&spec.region);
+    Ok(())
 }
 
 /// The field manager of everything this operator writes.

@@ -1,11 +1,11 @@
 //! The RegistrySchema reconciler: runs the v0 -> v1 drain (leader only) and reports its phases
 //! and counters in status.
 use super::region_peering::ControllerSettings;
-use crate::api::{DrainCounts, RegistrySchema, RegistrySchemaStatus};
+use super::schema_status::{failed_status, status_from};
+use crate::api::{RegistrySchema, RegistrySchemaSpec, RegistrySchemaStatus};
 use crate::drain::{DrainPhase, DrainReport, DrainSettings, drain};
 use crate::metrics::{DrainLabels, Metrics};
 use futures::StreamExt;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
@@ -49,8 +49,8 @@ impl Context {
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
+    #[error("writing status: {0}")]
+    WriteStatus(#[source] kube::Error),
     #[error("finalizer: {0}")]
     Finalizer(Box<kube::runtime::finalizer::Error<Error>>),
 }
@@ -149,90 +149,110 @@ async fn cleanup(rs: Arc<RegistrySchema>, ctx: Arc<Context>) -> Result<Action, E
     Ok(Action::await_change())
 }
 
+/// One reconcile: read (the registry etcd's connection), decide (restart the drain when its
+/// configuration changed), act (start it), report (status and metrics from its progress).
 async fn apply(rs: Arc<RegistrySchema>, ctx: Arc<Context>) -> Result<Action, Error> {
     let namespace = rs.namespace().unwrap_or_default();
     let key = format!("{namespace}/{}", rs.name_any());
     let spec = &rs.spec;
-    let api: Api<RegistrySchema> = Api::namespaced(ctx.client.clone(), &namespace);
-
     let previous = rs.status.clone().unwrap_or_default();
 
     let target = match super::region_peering::resolve_connection(&ctx.client, &namespace, &spec.etcd).await {
         Ok(a) => a,
         Err(e) => {
             let status = failed_status(&previous, rs.metadata.generation, e.reason(), &e.to_string());
-            patch(&api, &rs.name_any(), &previous, status).await?;
+            write_status(&ctx, &rs, &previous, status).await?;
             // The phase metric says Failed too, so that the drain-failed alert can fire.
             ctx.metrics.record_drain_phase(&spec.region, DrainPhase::Failed);
             return Ok(Action::requeue(Duration::from_secs(10)));
         }
     };
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    (serde_json::to_string(spec).unwrap_or_default(), target.fingerprint).hash(&mut hasher);
-    let fingerprint = hasher.finish();
-
+    let fingerprint = drain_fingerprint(spec, target.fingerprint);
     let restart = ctx.drains.lock().expect("lock").get(&key).is_none_or(|d| d.fingerprint != fingerprint);
     if restart {
-        if let Some(old) = ctx.drains.lock().expect("lock").remove(&key) {
-            old.cancel.cancel();
-        }
-        let mut settings = DrainSettings::new(&spec.region, &spec.cluster);
-        settings.legacy_prefix = spec.legacy_prefix.clone();
-        settings.batch_size = spec.drain.batch_size.clamp(1, 128) as usize;
-        settings.rate_limit_per_second = spec.drain.rate_limit_per_second.max(0) as u64;
-        settings.quiet_period = Duration::from_secs(spec.drain.quiet_period_seconds.max(0) as u64);
-        settings.dry_run = spec.dry_run;
-        // After Complete the drain keeps following the legacy prefix while this object exists:
-        // registrars still on v0 that write late are migrated too.
-        settings.follow = true;
-        settings.holder = format!("RegistrySchema {key} (operator {})", ctx.settings.identity);
-        let (tx, rx) = watch::channel(DrainReport {
-            phase: Some(DrainPhase::Pending),
-            dry_run: spec.dry_run,
-            ..Default::default()
-        });
-        let cancel = CancellationToken::new();
-        let error = Arc::new(Mutex::new(None));
-        let (cancel2, error2, etcd) = (cancel.clone(), error.clone(), target.target.clone());
-        let task = tokio::spawn(async move {
-            let mut backoff = crate::mirror::backoff::Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
-            while !cancel2.is_cancelled() {
-                let result = match etcd.connect().await {
-                    Ok(client) => drain(&client, &settings, &tx, &cancel2).await,
-                    Err(e) => Err(anyhow::anyhow!(e).context("connecting to the registry etcd")),
-                };
-                match result {
-                    Ok(_) => {
-                        *error2.lock().expect("lock") = None;
-                        return;
-                    }
-                    Err(e) => {
-                        let message = format!("{e:#}");
-                        warn!(error = %message, "drain failed; it resumes after a backoff");
-                        *error2.lock().expect("lock") = Some(message);
-                        tokio::select! {
-                            _ = cancel2.cancelled() => return,
-                            _ = tokio::time::sleep(backoff.next_delay(rand::random::<f64>() * 0.5 + 0.5)) => {}
-                        }
-                    }
-                }
-            }
-        });
-        info!(object = %key, dry_run = spec.dry_run, "drain started");
-        ctx.drains
-            .lock()
-            .expect("lock")
-            .insert(key.clone(), RunningDrain { fingerprint, cancel, task, progress: rx, error });
+        let settings = drain_settings(spec, &key, &ctx.settings.identity);
+        start_drain(&ctx, &key, fingerprint, settings, target.target);
     }
 
     let (report, error) = {
         let drains = ctx.drains.lock().expect("lock");
-        let d = drains.get(&key).expect("just ensured");
+        let d = drains.get(&key).expect("started above");
         let report = d.progress.borrow().clone();
         let error = d.error.lock().expect("lock").clone();
         (report, error)
     };
-    // The drain's counters are cumulative (kept in its record), published as they grow.
+    record_metrics(&ctx.metrics, &spec.region, &report);
+    let status = status_from(&previous, rs.metadata.generation, &report, error.as_deref());
+    write_status(&ctx, &rs, &previous, status).await?;
+    Ok(Action::requeue(ctx.settings.refresh_interval.min(Duration::from_secs(2))))
+}
+
+/// Everything that, when changed, restarts the drain.
+fn drain_fingerprint(spec: &RegistrySchemaSpec, connection: u64) -> u64 {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    (serde_json::to_string(spec).unwrap_or_default(), connection).hash(&mut hasher);
+    hasher.finish()
+}
+
+/// The drain's settings from the spec, with the CRD's bounds enforced again.
+fn drain_settings(spec: &RegistrySchemaSpec, key: &str, identity: &str) -> DrainSettings {
+    let mut settings = DrainSettings::new(&spec.region, &spec.cluster);
+    settings.legacy_prefix = spec.legacy_prefix.clone();
+    settings.batch_size = spec.drain.batch_size.clamp(1, 128) as usize;
+    settings.rate_limit_per_second = spec.drain.rate_limit_per_second.max(0) as u64;
+    settings.quiet_period = Duration::from_secs(spec.drain.quiet_period_seconds.max(0) as u64);
+    settings.dry_run = spec.dry_run;
+    // After Complete the drain keeps following the legacy prefix while this object exists:
+    // registrars still on v0 that write late are migrated too.
+    settings.follow = true;
+    settings.holder = format!("RegistrySchema {key} (operator {identity})");
+    settings
+}
+
+/// Replaces the object's drain (if any) with one on `settings`; it retries with backoff until it
+/// completes or is cancelled, keeping its last error for status.
+fn start_drain(ctx: &Context, key: &str, fingerprint: u64, settings: DrainSettings, etcd: crate::mirror::EtcdTarget) {
+    if let Some(old) = ctx.drains.lock().expect("lock").remove(key) {
+        old.cancel.cancel();
+    }
+    let dry_run = settings.dry_run;
+    let (tx, rx) = watch::channel(DrainReport { phase: Some(DrainPhase::Pending), dry_run, ..Default::default() });
+    let cancel = CancellationToken::new();
+    let error = Arc::new(Mutex::new(None));
+    let (cancel2, error2) = (cancel.clone(), error.clone());
+    let task = tokio::spawn(async move {
+        let mut backoff = crate::mirror::backoff::Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
+        while !cancel2.is_cancelled() {
+            let result = match etcd.connect().await {
+                Ok(client) => drain(&client, &settings, &tx, &cancel2).await,
+                Err(e) => Err(anyhow::anyhow!(e).context("connecting to the registry etcd")),
+            };
+            match result {
+                Ok(_) => {
+                    *error2.lock().expect("lock") = None;
+                    return;
+                }
+                Err(e) => {
+                    let message = format!("{e:#}");
+                    warn!(error = %message, "drain failed; it resumes after a backoff");
+                    *error2.lock().expect("lock") = Some(message);
+                    tokio::select! {
+                        _ = cancel2.cancelled() => return,
+                        _ = tokio::time::sleep(backoff.next_delay(rand::random::<f64>() * 0.5 + 0.5)) => {}
+                    }
+                }
+            }
+        }
+    });
+    info!(object = %key, dry_run, "drain started");
+    ctx.drains
+        .lock()
+        .expect("lock")
+        .insert(key.to_string(), RunningDrain { fingerprint, cancel, task, progress: rx, error });
+}
+
+/// The drain's counters are cumulative (kept in its record), published as they grow.
+fn record_metrics(metrics: &Metrics, region: &str, report: &DrainReport) {
     for (outcome, n) in [
         ("copied", report.copied),
         ("already_present", report.already_present),
@@ -240,198 +260,28 @@ async fn apply(rs: Arc<RegistrySchema>, ctx: Arc<Context>) -> Result<Action, Err
         ("foreign", report.foreign),
         ("deleted", report.deleted),
     ] {
-        ctx.metrics.advance_drain(DrainLabels { region: spec.region.clone(), outcome: outcome.into() }, n);
+        metrics.advance_drain(DrainLabels { region: region.to_string(), outcome: outcome.into() }, n);
     }
-    ctx.metrics.record_drain_phase(&spec.region, report.phase.unwrap_or(DrainPhase::Pending));
-    let status = status_from(&previous, rs.metadata.generation, &report, error.as_deref());
-    patch(&api, &rs.name_any(), &previous, status).await?;
-    Ok(Action::requeue(ctx.settings.refresh_interval.min(Duration::from_secs(2))))
+    metrics.record_drain_phase(region, report.phase.unwrap_or(DrainPhase::Pending));
 }
 
-async fn patch(
-    api: &Api<RegistrySchema>,
-    name: &str,
+/// Writes the status when it differs from what the object shows.
+async fn write_status(
+    ctx: &Context,
+    rs: &RegistrySchema,
     previous: &RegistrySchemaStatus,
     status: RegistrySchemaStatus,
 ) -> Result<(), Error> {
-    if &status != previous {
-        let body = serde_json::json!({
-            "apiVersion": "federation.aether.dev/v1alpha1",
-            "kind": "RegistrySchema",
-            "status": status,
-        });
-        let params = PatchParams::apply(super::region_peering::FIELD_MANAGER).force();
-        api.patch_status(name, &params, &Patch::Apply(body)).await?;
+    if &status == previous {
+        return Ok(());
     }
+    let api: Api<RegistrySchema> = Api::namespaced(ctx.client.clone(), &rs.namespace().unwrap_or_default());
+    let body = serde_json::json!({
+        "apiVersion": "federation.aether.dev/v1alpha1",
+        "kind": "RegistrySchema",
+        "status": status,
+    });
+    let params = PatchParams::apply(super::region_peering::FIELD_MANAGER).force();
+    api.patch_status(&rs.name_any(), &params, &Patch::Apply(body)).await.map_err(Error::WriteStatus)?;
     Ok(())
-}
-
-fn now() -> Time {
-    Time(k8s_openapi::jiff::Timestamp::now())
-}
-
-fn condition(
-    previous: &RegistrySchemaStatus,
-    type_: &str,
-    status: bool,
-    reason: &str,
-    message: &str,
-    generation: Option<i64>,
-) -> Condition {
-    let status = if status { "True" } else { "False" }.to_string();
-    let last_transition_time = match previous.conditions.iter().find(|c| c.type_ == type_) {
-        Some(c) if c.status == status => c.last_transition_time.clone(),
-        _ => now(),
-    };
-    Condition {
-        type_: type_.into(),
-        status,
-        reason: reason.into(),
-        message: message.into(),
-        observed_generation: generation,
-        last_transition_time,
-    }
-}
-
-/// The status a drain report implies.
-pub fn status_from(
-    previous: &RegistrySchemaStatus,
-    generation: Option<i64>,
-    report: &DrainReport,
-    error: Option<&str>,
-) -> RegistrySchemaStatus {
-    let phase = report.phase.unwrap_or(DrainPhase::Pending);
-    let copied_all = matches!(phase, DrainPhase::Draining | DrainPhase::Complete);
-    let complete = phase == DrainPhase::Complete;
-    // An error belongs to the phase it happened in: once the drain is complete it is history.
-    let error = error.filter(|_| !complete && phase != DrainPhase::DryRunComplete);
-    let dry = if report.dry_run { " (dry run: nothing written)" } else { "" };
-    let migrated = condition(
-        previous,
-        "Migrated",
-        copied_all && !report.dry_run,
-        if copied_all { "SnapshotCopied" } else { "Copying" },
-        &format!(
-            "{} copied, {} already in v1, {} skipped, {} naming another region (left in place){dry}",
-            report.copied, report.already_present, report.skipped, report.foreign
-        ),
-        generation,
-    );
-    let drained = condition(
-        previous,
-        "Drained",
-        complete && !report.dry_run,
-        if complete {
-            "LegacyPrefixEmpty"
-        } else if copied_all {
-            "WaitingForQuiet"
-        } else {
-            "Copying"
-        },
-        &format!("{} legacy keys deleted; malformed keys are left in place{dry}", report.deleted),
-        generation,
-    );
-    // Ready: the registry is on v1 (the legacy prefix drained); a dry run is never Ready.
-    let ready = if report.dry_run {
-        condition(
-            previous,
-            "Ready",
-            false,
-            "DryRun",
-            "a dry run: nothing was migrated; set dryRun to false to migrate",
-            generation,
-        )
-    } else if complete {
-        condition(
-            previous,
-            "Ready",
-            true,
-            "Migrated",
-            "the registry is on v1; late legacy writes are migrated too",
-            generation,
-        )
-    } else if let Some(e) = error {
-        condition(previous, "Ready", false, "Retrying", &format!("the drain retries after: {e}"), generation)
-    } else {
-        condition(previous, "Ready", false, phase.as_str(), "the drain is running", generation)
-    };
-    RegistrySchemaStatus {
-        observed_generation: generation,
-        phase: Some(phase.as_str().to_string()),
-        conditions: vec![ready, migrated, drained],
-        counts: DrainCounts {
-            legacy_seen: report.legacy_seen,
-            copied: report.copied,
-            already_present: report.already_present,
-            skipped: report.skipped,
-            deleted: report.deleted,
-            conflicts: report.conflicts,
-            foreign: report.foreign,
-        },
-        skipped_keys: report.skipped_keys.clone(),
-        foreign_keys: report.foreign_keys.clone(),
-        started_time: previous.started_time.clone().or_else(|| Some(now())),
-        completed_time: if complete { previous.completed_time.clone().or_else(|| Some(now())) } else { None },
-        message: error.map(|e| format!("retrying after: {e}")).or_else(|| report.message.clone()),
-    }
-}
-
-fn failed_status(
-    previous: &RegistrySchemaStatus,
-    generation: Option<i64>,
-    reason: &str,
-    message: &str,
-) -> RegistrySchemaStatus {
-    RegistrySchemaStatus {
-        observed_generation: generation,
-        phase: Some(DrainPhase::Failed.as_str().to_string()),
-        conditions: vec![
-            condition(previous, "Ready", false, reason, message, generation),
-            condition(previous, "Migrated", false, reason, message, generation),
-            condition(previous, "Drained", false, reason, message, generation),
-        ],
-        message: Some(message.to_string()),
-        ..previous.clone()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn phases_map_to_conditions() {
-        let prev = RegistrySchemaStatus::default();
-        let mut report = DrainReport { phase: Some(DrainPhase::Copying), copied: 5, ..Default::default() };
-        let s = status_from(&prev, Some(1), &report, None);
-        assert_eq!(s.phase.as_deref(), Some("Copying"));
-        assert!(s.conditions.iter().all(|c| c.status == "False"));
-        report.phase = Some(DrainPhase::Draining);
-        let s = status_from(&s, Some(1), &report, None);
-        assert_eq!(s.conditions[1].status, "True");
-        assert_eq!(s.conditions[2].reason, "WaitingForQuiet");
-        report.phase = Some(DrainPhase::Complete);
-        let s = status_from(&s, Some(1), &report, None);
-        assert!(s.conditions.iter().all(|c| c.status == "True"));
-        let dry = DrainReport { phase: Some(DrainPhase::DryRunComplete), dry_run: true, ..Default::default() };
-        let d = status_from(&RegistrySchemaStatus::default(), Some(1), &dry, None);
-        assert_eq!(d.phase.as_deref(), Some("DryRunComplete"), "a dry run never reads as Complete");
-        assert!(d.conditions.iter().all(|c| c.status == "False"));
-        assert_eq!(d.conditions[0].reason, "DryRun");
-        assert!(s.completed_time.is_some());
-        // An error of an earlier phase does not outlive it.
-        let s = status_from(&s, Some(1), &report, Some("another drain holds the legacy prefix"));
-        assert_eq!(s.message, report.message, "{:?}", s.message);
-        report.phase = Some(DrainPhase::Draining);
-        let s = status_from(&s, Some(1), &report, Some("etcd down"));
-        assert!(s.message.unwrap().contains("etcd down"));
-    }
-
-    #[test]
-    fn a_failed_drain_is_not_ready_with_its_reason() {
-        let s = failed_status(&RegistrySchemaStatus::default(), Some(2), "InvalidSpec", "legacyPrefix is not a prefix");
-        let ready = s.conditions.iter().find(|c| c.type_ == "Ready").expect("a Ready condition");
-        assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "InvalidSpec"));
-        assert_eq!(s.phase.as_deref(), Some("Failed"));
-    }
 }
