@@ -3,7 +3,7 @@
 //! (what a single stream gets two times in three) against the keeper's design (the leader when a
 //! probe sees it, streams sized from the measured rate). The target: 32k leases renewed within a
 //! third of the default TTL (10 s) at 150 ms.
-use crate::Table;
+use crate::table::Table;
 use aether_harness::{EtcdCluster, FaultProxy};
 use aether_operator::mirror::EtcdTarget;
 use aether_operator::mirror::leases::keeper::{RoundMeasure, measure_round};

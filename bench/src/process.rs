@@ -1,0 +1,137 @@
+//! The mirror under test as its own process (`aether-bench worker ...`), so that its CPU time and
+//! memory are its own, and the machine's load while it runs.
+use crate::fixtures::{bench_config, wait_synced};
+use aether_operator::mirror::{self, EtcdTarget};
+use std::io::BufRead;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The mirror under test as its own process (`aether-bench worker`), its peak RSS sampled.
+pub struct WorkerProcess {
+    child: std::process::Child,
+    lines: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+    peers: usize,
+    started: Instant,
+    peak: Arc<Mutex<u64>>,
+    sampler: Option<std::thread::JoinHandle<()>>,
+}
+
+/// CPU seconds (user + system) a process has used, from /proc/<pid>/stat (100 ticks a second).
+pub fn cpu_seconds(pid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name, which is in parentheses: utime and stime are the 12th and 13th
+    // (the state comes first).
+    let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let tick = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+    (tick(11) + tick(12)) as f64 / 100.0
+}
+
+/// The machine's busy and total CPU ticks so far (/proc/stat), to show how busy it was between two
+/// readings.
+pub fn machine_ticks() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let ticks: Vec<u64> =
+        stat.lines().next().unwrap_or_default().split_whitespace().skip(1).filter_map(|f| f.parse().ok()).collect();
+    let total: u64 = ticks.iter().sum();
+    let idle = ticks.get(3).copied().unwrap_or(0) + ticks.get(4).copied().unwrap_or(0);
+    (total - idle, total)
+}
+
+pub fn busy_percent(before: (u64, u64), after: (u64, u64)) -> f64 {
+    100.0 * (after.0 - before.0) as f64 / (after.1 - before.1).max(1) as f64
+}
+
+/// A field of /proc/<pid>/status in KiB (VmHWM: peak, VmRSS: now).
+pub fn proc_kib(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find(|l| l.starts_with(field)).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok())
+}
+
+impl WorkerProcess {
+    /// The CPU time the worker process used so far.
+    pub fn cpu_seconds(&self) -> f64 {
+        cpu_seconds(&self.child.id().to_string())
+    }
+
+    pub fn start(origin: &str, peers: &[(String, String)]) -> anyhow::Result<Self> {
+        let mut cmd = Command::new(std::env::current_exe()?);
+        cmd.arg("worker").arg(origin);
+        for (name, endpoint) in peers {
+            cmd.arg(format!("{name}={endpoint}"));
+        }
+        let started = Instant::now();
+        let mut child = cmd.stdout(Stdio::piped()).spawn()?;
+        let pid = child.id();
+        let peak = Arc::new(Mutex::new(0u64));
+        let sampler = {
+            let peak = peak.clone();
+            std::thread::spawn(move || {
+                while let Some(kb) = proc_kib(pid, "VmHWM:") {
+                    *peak.lock().unwrap() = kb;
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            })
+        };
+        let lines = std::io::BufReader::new(child.stdout.take().expect("piped")).lines();
+        Ok(WorkerProcess { child, lines, peers: peers.len(), started, peak, sampler: Some(sampler) })
+    }
+
+    /// Time from start until every peer reported its initial sync complete.
+    pub fn wait_synced(&mut self) -> anyhow::Result<Duration> {
+        let mut synced = 0;
+        while synced < self.peers {
+            match self.lines.next() {
+                Some(line) => synced += usize::from(line?.starts_with("synced")),
+                None => anyhow::bail!("the worker process exited before every peer synced"),
+            }
+        }
+        Ok(self.started.elapsed())
+    }
+
+    pub fn peak_kb(&self) -> u64 {
+        *self.peak.lock().unwrap()
+    }
+
+    pub fn rss_kb(&self) -> u64 {
+        proc_kib(self.child.id(), "VmRSS:").unwrap_or(0)
+    }
+}
+
+impl Drop for WorkerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(sampler) = self.sampler.take() {
+            let _ = sampler.join();
+        }
+    }
+}
+
+/// The mirror under test, as a process: `worker <origin> <peer>=<endpoint>...`. Prints
+/// "synced <peer>" for each peer once its initial sync is complete, then keeps running.
+pub async fn worker_process(args: &[String]) -> anyhow::Result<()> {
+    let origin = args.first().ok_or_else(|| anyhow::anyhow!("usage: worker <origin> <peer>=<endpoint>..."))?;
+    let mut handles = Vec::new();
+    for spec in &args[1..] {
+        let (peer, endpoint) = spec.split_once('=').ok_or_else(|| anyhow::anyhow!("peer as region=endpoint"))?;
+        let (tx, rx) = tokio::sync::mpsc::channel(1024);
+        std::mem::forget(rx);
+        handles.push((
+            peer.to_string(),
+            mirror::spawn(
+                bench_config(peer),
+                EtcdTarget::plain([origin.clone()]),
+                EtcdTarget::plain([endpoint.to_string()]),
+                tx,
+            ),
+        ));
+    }
+    for (peer, h) in &handles {
+        wait_synced(h, Duration::from_secs(600)).await?;
+        println!("synced {peer}");
+    }
+    std::future::pending::<()>().await;
+    Ok(())
+}

@@ -1,0 +1,254 @@
+//! The full sync: 100k keys onto an empty peer (this mirror, make-mirror, the raw Txn ceiling), over
+//! a WAN, and at scale (a million keys: memory, time, the checkpoint's footprint).
+use crate::fixtures::{
+    MAKE_MIRROR_BUDGET, SYNC_KEYS, at_rtt, behind, bench_config, count, fill, make_mirror, rate, raw_copy,
+    raw_copy_client, spawn_worker, tempfile_dir, wait_count, wait_synced,
+};
+use crate::process::{WorkerProcess, busy_percent, cpu_seconds, machine_ticks};
+use crate::table::Table;
+use aether_harness::{EtcdFlavor, EtcdServer, ManagedProcess};
+use aether_operator::keys;
+use aether_operator::mirror::EtcdTarget;
+use etcd_client::Client;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+pub async fn bench_sync(table: &mut Table) -> anyhow::Result<()> {
+    println!("initial sync of {SYNC_KEYS} keys");
+    let dir = tempfile_dir()?;
+    let prefix = keys::region_prefix("a");
+    for peers in [1usize, 2] {
+        // This mirror, as its own process; its peak RSS is measured during the sync.
+        let origin = EtcdServer::start("bench-origin").await?;
+        let oc = Client::connect([origin.endpoint()], None).await?;
+        fill(&oc, SYNC_KEYS, "v1").await?;
+        let targets: Vec<EtcdServer> = futures::future::try_join_all(
+            (0..peers)
+                .map(|i| EtcdServer::start_with(if i == 0 { "bench-b" } else { "bench-c" }, EtcdFlavor::Default, &[])),
+        )
+        .await?;
+        let peer_names = ["b", "c"];
+        let specs: Vec<(String, String)> =
+            targets.iter().enumerate().map(|(i, t)| (peer_names[i].to_string(), t.endpoint())).collect();
+        let ticks = machine_ticks();
+        let mut worker = WorkerProcess::start(&origin.endpoint(), &specs)?;
+        let elapsed = worker.wait_synced()?;
+        let (busy, worker_cpu) = (busy_percent(ticks, machine_ticks()), worker.cpu_seconds());
+        let rss_kb = worker.peak_kb();
+        drop(worker);
+        for t in &targets {
+            let tc = Client::connect([t.endpoint()], None).await?;
+            anyhow::ensure!(count(&tc, &prefix).await == SYNC_KEYS as i64, "the mirror's copy is incomplete");
+        }
+        let mirror_rate = rate(SYNC_KEYS * peers, elapsed);
+        table.row(
+            &format!("sync {SYNC_KEYS} keys, {peers} peer(s)"),
+            "this mirror",
+            format!("{mirror_rate:.0} keys/s"),
+            format!(
+                "{:.2}s, peak RSS {:.1} MiB; its CPU {worker_cpu:.2} s ({:.1} µs a key copied), machine busy {busy:.0} %",
+                elapsed.as_secs_f64(),
+                rss_kb as f64 / 1024.0,
+                worker_cpu * 1e6 / (SYNC_KEYS * peers) as f64
+            ),
+        );
+
+        // make-mirror, same data, fresh peers.
+        let fresh: Vec<EtcdServer> = futures::future::try_join_all(
+            (0..peers).map(|i| EtcdServer::start_with(if i == 0 { "mm-b" } else { "mm-c" }, EtcdFlavor::Default, &[])),
+        )
+        .await?;
+        let start = Instant::now();
+        let _mms: Vec<ManagedProcess> = fresh
+            .iter()
+            .enumerate()
+            .map(|(i, t)| make_mirror(&origin, &t.endpoint(), &dir.path().join(format!("mm-{peers}-{i}.log"))))
+            .collect::<Result<_, _>>()?;
+        let mut done = true;
+        for t in &fresh {
+            let tc = Client::connect([t.endpoint()], None).await?;
+            done &= wait_count(&tc, &prefix, SYNC_KEYS, Duration::from_secs(600)).await.is_some();
+        }
+        let mm = start.elapsed();
+        let mm_rate = rate(SYNC_KEYS * peers, mm);
+        table.row(
+            &format!("sync {SYNC_KEYS} keys, {peers} peer(s)"),
+            "etcdctl make-mirror",
+            format!("{mm_rate:.0} keys/s"),
+            format!(
+                "{:.2}s{}; mirror is {:.1}x",
+                mm.as_secs_f64(),
+                if done { "" } else { " (did not finish)" },
+                mirror_rate / mm_rate
+            ),
+        );
+
+        // The raw ceiling: the same pages written straight into fresh peers in batched Txns.
+        let raw_peers: Vec<EtcdServer> = futures::future::try_join_all(
+            (0..peers)
+                .map(|i| EtcdServer::start_with(if i == 0 { "raw-b" } else { "raw-c" }, EtcdFlavor::Default, &[])),
+        )
+        .await?;
+        let (ticks, own_cpu) = (machine_ticks(), cpu_seconds("self"));
+        let start = Instant::now();
+        futures::future::try_join_all(raw_peers.iter().map(|p| raw_copy(&oc, p))).await?;
+        let raw = start.elapsed();
+        let (busy, copy_cpu) = (busy_percent(ticks, machine_ticks()), cpu_seconds("self") - own_cpu);
+        let raw_rate = rate(SYNC_KEYS * peers, raw);
+        table.row(
+            &format!("sync {SYNC_KEYS} keys, {peers} peer(s)"),
+            "raw ceiling (batched Txns, no lease)",
+            format!("{raw_rate:.0} keys/s"),
+            format!(
+                "{:.2}s; mirror reaches {:.0}%; the copy's CPU {copy_cpu:.2} s ({:.1} µs a key), machine busy {busy:.0} %",
+                raw.as_secs_f64(),
+                100.0 * mirror_rate / raw_rate,
+                copy_cpu * 1e6 / (SYNC_KEYS * peers) as f64
+            ),
+        );
+    }
+    Ok(())
+}
+
+/// The initial sync of 100k keys into a peer next door and `rtt` away, in process, against
+/// make-mirror the same way (within its budget).
+pub async fn bench_wan_sync(table: &mut Table, rtt: Duration) -> anyhow::Result<()> {
+    println!("sync {SYNC_KEYS} keys, peer next door and {rtt:?} away");
+    let dir = tempfile_dir()?;
+    let prefix = keys::region_prefix("a");
+    let origin = EtcdServer::start("wan-a").await?;
+    let oc = Client::connect([origin.endpoint()], None).await?;
+    fill(&oc, SYNC_KEYS, "wan").await?;
+    let mut rates = Vec::new();
+    for delay in [Duration::ZERO, rtt] {
+        let peer = EtcdServer::start("wan-b").await?;
+        let (_proxy, endpoint) = behind(&peer, delay).await?;
+        let start = Instant::now();
+        let h = spawn_worker(bench_config("b"), &origin, EtcdTarget::plain([endpoint]));
+        let finished = wait_synced(&h, Duration::from_secs(600)).await.is_ok();
+        let elapsed = start.elapsed();
+        h.shutdown().await;
+        let done = count(&Client::connect([peer.endpoint()], None).await?, &prefix).await;
+        rates.push(rate(done as usize, elapsed));
+        let scenario = format!("sync {SYNC_KEYS} keys{}", at_rtt(delay));
+        let vs = if delay.is_zero() {
+            String::new()
+        } else {
+            format!("; {:.0} % of next door's rate", 100.0 * rates[1] / rates[0])
+        };
+        table.row_with(
+            &scenario,
+            "this mirror (in process)",
+            format!("{:.0} keys/s", rates.last().copied().unwrap_or(0.0)),
+            format!("{:.2}s{}{vs}", elapsed.as_secs_f64(), if finished { "" } else { " (did not finish)" }),
+            serde_json::json!({"keys": SYNC_KEYS, "rtt_ms": delay.as_millis() as u64, "seconds": elapsed.as_secs_f64(), "missing": SYNC_KEYS as i64 - done}),
+        );
+    }
+    let peer = EtcdServer::start("wan-mm").await?;
+    let (_proxy, endpoint) = behind(&peer, rtt).await?;
+    let start = Instant::now();
+    let _mm = make_mirror(&origin, &endpoint, &dir.path().join("mm-wan.log"))?;
+    let pc = Client::connect([peer.endpoint()], None).await?;
+    let finished = wait_count(&pc, &prefix, SYNC_KEYS, MAKE_MIRROR_BUDGET).await.is_some();
+    let elapsed = start.elapsed();
+    let done = count(&pc, &prefix).await;
+    table.row(
+        &format!("sync {SYNC_KEYS} keys{}", at_rtt(rtt)),
+        "etcdctl make-mirror",
+        format!("{:.0} keys/s", rate(done as usize, elapsed)),
+        format!("{done} keys in {:.0}s{}", elapsed.as_secs_f64(), if finished { "" } else { " (budget reached)" }),
+    );
+    Ok(())
+}
+
+/// The scale curve: one origin synced into one peer at 10k, 100k and 1M keys, and 1M keys into
+/// three peers, the mirror as its own process (peak RSS sampled).
+pub async fn bench_scale(table: &mut Table) -> anyhow::Result<()> {
+    println!("scale curve: sync 10k, 100k, 1M keys into 1 peer; 1M into 3");
+    let prefix = keys::region_prefix("a");
+    let mut one_peer_rate = HashMap::new();
+    for (keys_n, peers) in [(10_000usize, 1usize), (100_000, 1), (1_000_000, 1), (1_000_000, 3)] {
+        let origin =
+            EtcdServer::start_with("sc-a", EtcdFlavor::Default, &["--quota-backend-bytes", "8589934592"]).await?;
+        let oc = Client::connect([origin.endpoint()], None).await?;
+        fill(&oc, keys_n, "sc").await?;
+        let names: Vec<String> = (0..peers).map(|i| format!("sc-p{i}")).collect();
+        let targets: Vec<EtcdServer> = futures::future::try_join_all(
+            names
+                .iter()
+                .map(|n| EtcdServer::start_with(n, EtcdFlavor::Default, &["--quota-backend-bytes", "8589934592"])),
+        )
+        .await?;
+        let specs: Vec<(String, String)> =
+            targets.iter().enumerate().map(|(i, t)| (format!("p{i}"), t.endpoint())).collect();
+        let mut worker = WorkerProcess::start(&origin.endpoint(), &specs)?;
+        let elapsed = worker.wait_synced()?;
+        let peak = worker.peak_kb();
+        drop(worker);
+        let mut unseen = 0i64;
+        for t in &targets {
+            let tc = Client::connect([t.endpoint()], None).await?;
+            unseen += keys_n as i64 - count(&tc, &prefix).await;
+        }
+        let keys_per_s = rate(keys_n * peers, elapsed);
+        // How the lease layout is recorded on the peer: one record, or a record and its parts.
+        let recorded = {
+            let tc = Client::connect([targets[0].endpoint()], None).await?;
+            checkpoint_footprint(&tc, "a").await?
+        };
+        // What the peer etcd takes at this size with no mirror in the way: the same pages written
+        // in plain Txns into a fresh peer.
+        let raw = if peers == 1 {
+            one_peer_rate.insert(keys_n, keys_per_s);
+            let fresh =
+                EtcdServer::start_with("sc-raw", EtcdFlavor::Default, &["--quota-backend-bytes", "8589934592"]).await?;
+            let started = Instant::now();
+            raw_copy_client(&oc, &Client::connect([fresh.endpoint()], None).await?).await?;
+            Some(rate(keys_n, started.elapsed()))
+        } else {
+            None
+        };
+        // What every watch Txn carries besides the ops: the progress record (owner, revision),
+        // whatever the subtree's size; the lease layout is written only when it changes.
+        let progress = aether_operator::mirror::records::checkpoint::Progress {
+            owner: "bench-p0".into(),
+            revision: keys_n as i64 * 2,
+        };
+        let bookkeeping = progress.encode().len() + keys::progress_key("a").len();
+        let vs_100k = one_peer_rate.get(&100_000).map(|r| r / keys_per_s);
+        table.row_with(
+            &format!("scale: sync {keys_n} keys, {peers} peer(s)"),
+            "this mirror",
+            format!("{keys_per_s:.0} keys/s"),
+            format!(
+                "{:.2}s, peak RSS {:.1} MiB, {unseen} keys missing (failures), {bookkeeping} B bookkeeping per watch Txn, checkpoint {} B in {} part(s){}",
+                elapsed.as_secs_f64(),
+                peak as f64 / 1024.0,
+                recorded.1,
+                recorded.0,
+                match (peers, vs_100k) {
+                    (1, Some(ratio)) if keys_n > 100_000 => format!("; 100k's rate is {ratio:.2}x this"),
+                    _ => String::new(),
+                },
+            ) + &raw.map_or(String::new(), |raw| {
+                format!("; raw ceiling at this size {raw:.0} keys/s ({:.0} %)", keys_per_s / raw * 100.0)
+            }),
+            serde_json::json!({
+                "keys": keys_n, "peers": peers, "keys_per_s": keys_per_s, "seconds": elapsed.as_secs_f64(), "raw_keys_per_s": raw,
+                "peak_rss_mib": peak as f64 / 1024.0, "missing": unseen, "bookkeeping_bytes_per_watch_txn": bookkeeping,
+                "checkpoint_parts": recorded.0, "checkpoint_bytes": recorded.1,
+            }),
+        );
+    }
+    Ok(())
+}
+
+/// The checkpoint of `origin` on a peer: its parts (0: recorded whole) and bytes, record included.
+pub async fn checkpoint_footprint(peer: &Client, origin: &str) -> anyhow::Result<(usize, usize)> {
+    let mut kv = peer.kv_client();
+    let record = kv.get(keys::checkpoint_key(origin), None).await?;
+    let parts =
+        kv.get(keys::checkpoint_parts_prefix(origin), Some(etcd_client::GetOptions::new().with_prefix())).await?;
+    let bytes = |kvs: &[etcd_client::KeyValue]| kvs.iter().map(|kv| kv.key().len() + kv.value().len()).sum::<usize>();
+    Ok((parts.kvs().len(), bytes(record.kvs()) + bytes(parts.kvs())))
+}
