@@ -41,13 +41,19 @@ pub fn value(i: usize, tag: &str) -> String {
 }
 
 pub async fn fill(origin: &Client, n: usize, tag: &str) -> anyhow::Result<()> {
+    fill_region(origin, "a", n, tag).await
+}
+
+/// Puts keys 0..n of `region`'s subtree (120 to a Txn, 8 Txns in flight).
+pub async fn fill_region(origin: &Client, region: &str, n: usize, tag: &str) -> anyhow::Result<()> {
     let chunks: Vec<Vec<usize>> = (0..n).collect::<Vec<_>>().chunks(120).map(|c| c.to_vec()).collect();
     futures::stream::iter(chunks)
         .map(|chunk| {
             let mut c = origin.clone();
             let tag = tag.to_string();
             async move {
-                let ops: Vec<TxnOp> = chunk.iter().map(|i| TxnOp::put(key("a", *i), value(*i, &tag), None)).collect();
+                let ops: Vec<TxnOp> =
+                    chunk.iter().map(|i| TxnOp::put(key(region, *i), value(*i, &tag), None)).collect();
                 c.txn(Txn::new().and_then(ops)).await
             }
         })

@@ -1,7 +1,7 @@
 //! The mirror under test as its own process (`aether-bench worker ...`), so that its CPU time and
 //! memory are its own, and the machine's load while it runs.
 use crate::fixtures::{bench_config, wait_synced};
-use aether_operator::mirror::{self, EtcdTarget};
+use aether_operator::mirror::{self, EtcdTarget, MirrorConfig};
 use std::io::BufRead;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -56,8 +56,18 @@ impl WorkerProcess {
     }
 
     pub fn start(origin: &str, peers: &[(String, String)]) -> anyhow::Result<Self> {
+        Self::start_as(None, origin, peers)
+    }
+
+    /// With `region`, the workers mirror that region's subtree with the CRD's defaults (TTL 30 s,
+    /// keepalive 10 s, verification on), as an operator of that region would.
+    pub fn start_as(region: Option<&str>, origin: &str, peers: &[(String, String)]) -> anyhow::Result<Self> {
         let mut cmd = Command::new(std::env::current_exe()?);
-        cmd.arg("worker").arg(origin);
+        cmd.arg("worker");
+        if let Some(region) = region {
+            cmd.arg("--region").arg(region);
+        }
+        cmd.arg(origin);
         for (name, endpoint) in peers {
             cmd.arg(format!("{name}={endpoint}"));
         }
@@ -109,11 +119,18 @@ impl Drop for WorkerProcess {
     }
 }
 
-/// The mirror under test, as a process: `worker <origin> <peer>=<endpoint>...`. Prints
-/// "synced <peer>" for each peer once its initial sync is complete, then keeps running.
+/// The mirror under test, as a process: `worker [--region <r>] <origin> <peer>=<endpoint>...`.
+/// Prints "synced <peer>" for each peer once its initial sync is complete, then keeps running.
 pub async fn worker_process(args: &[String]) -> anyhow::Result<()> {
-    let origin = args.first().ok_or_else(|| anyhow::anyhow!("usage: worker <origin> <peer>=<endpoint>..."))?;
+    let (region, args) = match args {
+        [flag, region, rest @ ..] if flag == "--region" => (Some(region.clone()), rest),
+        _ => (None, args),
+    };
+    let origin =
+        args.first().ok_or_else(|| anyhow::anyhow!("usage: worker [--region <r>] <origin> <peer>=<endpoint>..."))?;
     let mut handles = Vec::new();
+    // One verification budget for all the workers of the origin, as the operator has.
+    let budget = std::sync::Arc::new(mirror::VerifyBudget::new(mirror::DEFAULT_VERIFY_KEYS_PER_SECOND));
     for spec in &args[1..] {
         let (peer, endpoint) = spec.split_once('=').ok_or_else(|| anyhow::anyhow!("peer as region=endpoint"))?;
         let (tx, rx) = tokio::sync::mpsc::channel(1024);
@@ -121,7 +138,13 @@ pub async fn worker_process(args: &[String]) -> anyhow::Result<()> {
         handles.push((
             peer.to_string(),
             mirror::spawn(
-                bench_config(peer),
+                MirrorConfig {
+                    verify_budget: budget.clone(),
+                    ..match &region {
+                        Some(region) => MirrorConfig::new(region, peer, &format!("mesh-{region}-{peer}")),
+                        None => bench_config(peer),
+                    }
+                },
                 EtcdTarget::plain([origin.clone()]),
                 EtcdTarget::plain([endpoint.to_string()]),
                 tx,

@@ -215,6 +215,15 @@ pub struct SyncSettings {
     #[serde(default = "default_watch_linger")]
     #[schemars(range(min = 0, max = 1000))]
     pub watch_linger_milliseconds: i64,
+    /// Keys a second the mirror reads to verify the peers' copies against this region's subtree,
+    /// shared by all its peers: the local etcd serves at most this many (and each peer's etcd
+    /// about as many from all the regions together, when every region uses the same budget),
+    /// whatever the number of peers. A pass over the subtree takes keys x peers / budget seconds
+    /// (at least 5 s per 1,000-key page and peer). 0 turns verification off: drift on a peer
+    /// (out-of-band writes, a restore) is then not repaired until the next resync.
+    #[serde(default = "default_verify_keys_per_second")]
+    #[schemars(range(min = 0, max = 1000000))]
+    pub verify_keys_per_second: i64,
     /// A peer whose lag exceeds this many seconds is not Ready.
     #[serde(default = "default_max_ready_lag")]
     #[schemars(range(min = 1, max = 86400))]
@@ -236,6 +245,9 @@ fn default_max_request_bytes() -> i64 {
 fn default_watch_linger() -> i64 {
     5
 }
+fn default_verify_keys_per_second() -> i64 {
+    crate::mirror::DEFAULT_VERIFY_KEYS_PER_SECOND as i64
+}
 fn default_max_ready_lag() -> i64 {
     30
 }
@@ -248,6 +260,7 @@ impl Default for SyncSettings {
             max_txn_bytes: default_max_txn_bytes(),
             max_request_bytes: default_max_request_bytes(),
             watch_linger_milliseconds: default_watch_linger(),
+            verify_keys_per_second: default_verify_keys_per_second(),
             max_ready_lag_seconds: default_max_ready_lag(),
         }
     }

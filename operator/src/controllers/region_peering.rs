@@ -58,6 +58,8 @@ pub struct Context {
     announced: Mutex<std::collections::HashSet<String>>,
     /// The local etcd cluster id of each object, once seen.
     cluster_ids: Mutex<HashMap<String, u64>>,
+    /// Each object's verification budget, shared by its workers.
+    budgets: Mutex<HashMap<String, Arc<mirror::VerifyBudget>>>,
     /// Warnings published lately: (object, reason, note) -> when.
     warned: Mutex<HashMap<(String, String, String), Instant>>,
 }
@@ -78,6 +80,7 @@ impl Context {
             announced: Mutex::new(Default::default()),
             warned: Mutex::new(HashMap::new()),
             cluster_ids: Mutex::new(HashMap::new()),
+            budgets: Mutex::new(HashMap::new()),
         })
     }
 
@@ -196,6 +199,7 @@ async fn cleanup(rp: Arc<RegionPeering>, ctx: Arc<Context>) -> Result<Action, Er
     ctx.patched.lock().expect("lock").remove(&key);
     ctx.failures.lock().expect("lock").remove(&key);
     ctx.cluster_ids.lock().expect("lock").remove(&key);
+    ctx.budgets.lock().expect("lock").remove(&key);
     let spec = &rp.spec;
     let policy = match spec.deletion_policy {
         crate::api::DeletionPolicy::Lapse => mirror::retire::RetirePolicy::Lapse,
@@ -469,8 +473,20 @@ pub(crate) async fn resolve_connection(
     access(connection, secret.as_ref())
 }
 
-fn mirror_config(spec: &RegionPeeringSpec, peer: &str, owner: &str) -> MirrorConfig {
+/// The object's verification budget: one for all its workers, replaced when its rate changes.
+fn verify_budget(ctx: &Context, key: &str, spec: &RegionPeeringSpec) -> Arc<mirror::VerifyBudget> {
+    let rate = spec.sync.verify_keys_per_second.max(0) as u64;
+    let mut budgets = ctx.budgets.lock().expect("lock");
+    let budget = budgets.entry(key.to_string()).or_insert_with(|| Arc::new(mirror::VerifyBudget::new(rate)));
+    if budget.keys_per_second() != rate {
+        *budget = Arc::new(mirror::VerifyBudget::new(rate));
+    }
+    budget.clone()
+}
+
+fn mirror_config(spec: &RegionPeeringSpec, peer: &str, owner: &str, budget: Arc<mirror::VerifyBudget>) -> MirrorConfig {
     let mut c = MirrorConfig::new(&spec.region, peer, owner);
+    c.verify_budget = budget;
     c.lease_ttl_seconds = spec.lease.ttl_seconds;
     c.keepalive_interval = Duration::from_secs(spec.lease.keepalive_interval_seconds.max(1) as u64);
     c.max_keys_per_lease = spec.lease.max_keys_per_lease.max(1) as u64;
@@ -493,7 +509,7 @@ fn start_worker(
     remote: Access,
 ) {
     let owner = format!("{}/{:08x}", ctx.settings.identity, rand::random::<u32>());
-    let config = mirror_config(&rp.spec, peer, &owner);
+    let config = mirror_config(&rp.spec, peer, &owner, verify_budget(ctx, key, &rp.spec));
     let (tx, mut rx) = tokio::sync::mpsc::channel::<MirrorEvent>(256);
     let handle = mirror::spawn(config, local.target, remote.target, tx);
     let reference = rp.object_ref(&());
@@ -667,6 +683,7 @@ async fn sweep_deleted(ctx: &Arc<Context>) {
         ctx.locals.lock().await.remove(&key);
         ctx.announced.lock().expect("lock").remove(&key);
         ctx.cluster_ids.lock().expect("lock").remove(&key);
+        ctx.budgets.lock().expect("lock").remove(&key);
     }
 }
 
@@ -686,14 +703,15 @@ mod tests {
 
     #[test]
     fn the_crds_defaults_are_the_workers_and_the_linger_is_honoured() {
-        let defaults = mirror_config(&spec(serde_json::json!({})), "b", "w");
+        let budget = || Arc::new(mirror::VerifyBudget::new(1_000));
+        let defaults = mirror_config(&spec(serde_json::json!({})), "b", "w", budget());
         let worker = MirrorConfig::new("a", "b", "w");
         assert_eq!(defaults.watch_linger, worker.watch_linger);
         assert_eq!(
             (defaults.max_txn_ops, defaults.max_txn_bytes, defaults.max_request_bytes, defaults.page_size),
             (worker.max_txn_ops, worker.max_txn_bytes, worker.max_request_bytes, worker.page_size)
         );
-        let large_mesh = mirror_config(&spec(serde_json::json!({"watchLingerMilliseconds": 50})), "b", "w");
+        let large_mesh = mirror_config(&spec(serde_json::json!({"watchLingerMilliseconds": 50})), "b", "w", budget());
         assert_eq!(large_mesh.watch_linger, Duration::from_millis(50));
     }
 }

@@ -1,5 +1,11 @@
 //! A worker's settings; `MirrorConfig::new` has the CRD's defaults.
+use super::verify::VerifyBudget;
+use std::sync::Arc;
 use std::time::Duration;
+
+/// The CRD's default verification budget of one origin, in keys a second: a peer's copy of 1,000
+/// endpoints is compared in a second with one peer, and in 15 with 15.
+pub const DEFAULT_VERIFY_KEYS_PER_SECOND: u64 = 1_000;
 
 /// Settings of one worker.
 #[derive(Clone, Debug)]
@@ -39,6 +45,9 @@ pub struct MirrorConfig {
     pub verify_interval: Duration,
     /// Keys per verification page.
     pub verify_page_size: i64,
+    /// The verification reads this worker shares with the other workers of its origin
+    /// (`spec.sync.verifyKeysPerSecond`); `new` gives each worker its own.
+    pub verify_budget: Arc<VerifyBudget>,
     /// How long a far peer's batch that is not full waits for more revisions while others are in
     /// flight (see `plan::watch_linger`).
     pub watch_linger: Duration,
@@ -71,6 +80,7 @@ impl MirrorConfig {
             progress_interval: Duration::from_secs(2),
             verify_interval: Duration::from_secs(5),
             verify_page_size: 1000,
+            verify_budget: Arc::new(VerifyBudget::new(DEFAULT_VERIFY_KEYS_PER_SECOND)),
             watch_linger: super::plan::WATCH_LINGER,
             checkpoint_shards_per_part: super::records::checkpoint::SHARDS_PER_PART,
         }

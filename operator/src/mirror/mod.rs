@@ -38,7 +38,8 @@ pub mod target;
 pub mod verify;
 pub mod worker;
 
-pub use config::MirrorConfig;
+pub use config::{DEFAULT_VERIFY_KEYS_PER_SECOND, MirrorConfig};
 pub use health::{MirrorEvent, PeerHealth, Phase, ResyncCause};
 pub use target::EtcdTarget;
+pub use verify::VerifyBudget;
 pub use worker::{MirrorHandle, spawn};

@@ -5,8 +5,47 @@
 //!
 //! A page is compared only while no batch is in flight, so the peer holds exactly the origin's
 //! subtree at the applied revision; the origin side is read pinned at that revision.
+//!
+//! Every worker of one origin (one RegionPeering) draws its pages from one `VerifyBudget`, so the
+//! origin serves at most that many verification keys a second whatever the number of peers, and
+//! each peer etcd about as much (every region verifying at the same budget, each of its N-1
+//! workers gets a 1/(N-1) share).
 use crate::mirror::plan::{Kv, MirrorOp, merge_step};
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// The verification reads of one origin, shared by all its workers: pages are handed out in slots
+/// so that together they read at most `keys_per_second`. A worker reserves its next page's slot
+/// when the last one is done, so the workers take turns.
+#[derive(Debug)]
+pub struct VerifyBudget {
+    keys_per_second: u64,
+    next_free: Mutex<Option<Instant>>,
+}
+
+impl VerifyBudget {
+    /// A budget of `keys_per_second` (0: no verification).
+    pub fn new(keys_per_second: u64) -> Self {
+        VerifyBudget { keys_per_second, next_free: Mutex::new(None) }
+    }
+
+    pub fn keys_per_second(&self) -> u64 {
+        self.keys_per_second
+    }
+
+    /// When a page of `keys` may be read: the next free slot, and never before `earliest`. None
+    /// when verification is off.
+    pub fn reserve(&self, keys: u64, earliest: Instant) -> Option<Instant> {
+        if self.keys_per_second == 0 {
+            return None;
+        }
+        let mut next_free = self.next_free.lock().unwrap_or_else(|e| e.into_inner());
+        let at = next_free.map_or(earliest, |free| free.max(earliest));
+        *next_free = Some(at + Duration::from_secs_f64(keys as f64 / self.keys_per_second as f64));
+        Some(at)
+    }
+}
 
 /// Where the walk is, and what the current pass found.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -110,6 +149,22 @@ mod tests {
     fn equal_pages_need_nothing() {
         let page = vec![kv("a/1", "x", 7)];
         assert!(repairs(page.clone(), page, |_| 0, |_| 7, &BTreeMap::new()).is_empty());
+    }
+
+    #[test]
+    fn workers_of_one_origin_share_its_budget_in_turns() {
+        let budget = VerifyBudget::new(1_000);
+        let t0 = Instant::now();
+        let s = |d: f64| t0 + Duration::from_secs_f64(d);
+        // Three workers ask at once for 1,000-key pages: one a second between them.
+        let slots: Vec<_> = (0..3).map(|_| budget.reserve(1_000, t0).unwrap()).collect();
+        assert_eq!(slots, vec![s(0.0), s(1.0), s(2.0)]);
+        // The first asks again right after its page: after the others, so each reads a third.
+        assert_eq!(budget.reserve(1_000, s(0.1)), Some(s(3.0)));
+        // Alone and idle, a worker is bound only by its own earliest time (its interval).
+        assert_eq!(budget.reserve(500, s(60.0)), Some(s(60.0)));
+        assert_eq!(budget.reserve(500, s(60.0)), Some(s(60.5)));
+        assert_eq!(VerifyBudget::new(0).reserve(1_000, t0), None, "0 turns verification off");
     }
 
     #[test]

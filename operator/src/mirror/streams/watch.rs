@@ -160,10 +160,14 @@ impl Worker {
         let (mut sent, mut landed, mut split_barrier) = (0u64, 0u64, 0u64);
         let mut ticker = tokio::time::interval(self.config.progress_interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The next page waits for the verify interval and for its slot in the origin's budget.
         let verifying = !self.config.verify_interval.is_zero();
-        let mut verify_ticker = tokio::time::interval(self.config.verify_interval.max(Duration::from_millis(1)));
-        verify_ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        verify_ticker.reset();
+        let next_page = || {
+            let size = self.config.verify_page_size.max(1) as u64;
+            let slot = self.config.verify_budget.reserve(size, Instant::now() + self.config.verify_interval);
+            Box::pin(tokio::time::sleep_until(slot.filter(|_| verifying).unwrap_or_else(far_future).into()))
+        };
+        let mut verify_slot = next_page();
         let mut verify_due = false;
         // A lease shard being split beside the watch (see `split.rs`).
         let mut splitting: Option<Split> = None;
@@ -311,7 +315,7 @@ impl Worker {
                 }
                 _ = finished.notified(), if !inflight.is_empty() => {}
                 () = &mut linger, if lingering => lingering = false,
-                _ = verify_ticker.tick(), if verifying => verify_due = true,
+                _ = &mut verify_slot, if !verify_due => verify_due = true,
                 done = async { splitting.as_mut().expect("guarded").step().await }, if splitting.as_ref().is_some_and(Split::running) => {
                     let task = splitting.as_mut().expect("guarded");
                     match self.advance_split(task, done?, peer, state, epoch)? {
@@ -380,6 +384,7 @@ impl Worker {
                 if let Some(by) = self.verify_page(local, peer, state, epoch).await? {
                     return Ok(WatchEnd::Fenced(by));
                 }
+                verify_slot = next_page();
             }
             // A shard past the cap splits, online, beside the watch; otherwise counts that
             // drifted from the checkpoint's are recorded, so that a successor starts from them.
@@ -646,4 +651,9 @@ async fn settle_inflight(inflight: VecDeque<InFlight>) -> anyhow::Result<()> {
         batch.task.await.map_err(|e| anyhow!("a peer Txn task ended: {e}"))??;
     }
     Ok(())
+}
+
+/// A time that never comes: the verification slot of a worker that does not verify.
+fn far_future() -> Instant {
+    Instant::now() + Duration::from_secs(100 * 365 * 86_400)
 }
