@@ -15,6 +15,7 @@ mod operator;
 mod process;
 mod sync;
 mod table;
+mod verify;
 
 use crate::drain::bench_drain;
 use crate::fanout::bench_fanout;
@@ -32,7 +33,7 @@ async fn main() -> anyhow::Result<()> {
     if args.get(1).map(String::as_str) == Some("worker") {
         return worker_process(&args[2..]).await;
     }
-    // `aether-bench [scenario...]`: sync, catchup, steady, leases, keepalive, drain, operator, fanout, mesh, scale,
+    // `aether-bench [scenario...]`: sync, catchup, steady, leases, keepalive, drain, operator, fanout, verify, mesh, scale,
     // wan (sync, catch-up and steady with the peer behind a 50 and a 150 ms proxy); all by default.
     // `wan-steady` (never by default) runs only the steady rows of `wan`; `auth-1m` (never by
     // default) syncs 1M keys under least-privilege auth.
@@ -68,6 +69,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if want("fanout") {
         bench_fanout(&mut table).await?;
+    }
+    if want("verify") {
+        verify::bench_verify(&mut table).await?;
     }
     if want("mesh") {
         mesh::bench_mesh(&mut table).await?;

@@ -98,6 +98,7 @@ pub struct ReplicationMetrics {
     pub resyncs: Family<CauseLabels, Counter>,
     pub session_failures: Family<MirrorLabels, Counter>,
     pub drift_repaired_keys: Family<MirrorLabels, Counter>,
+    pub verified_keys: Family<MirrorLabels, Counter>,
     pub split_revisions: Family<MirrorLabels, Counter>,
     pub txns: Family<MirrorLabels, Counter>,
 }
@@ -144,6 +145,12 @@ impl ReplicationMetrics {
                 r,
                 "drift_repaired_keys",
                 "Keys continuous verification found different on the target and repaired",
+                Family::default(),
+            ),
+            verified_keys: add(
+                r,
+                "verified_keys",
+                "Origin keys continuous verification compared with the target's copy",
                 Family::default(),
             ),
             split_revisions: add(
@@ -324,6 +331,7 @@ impl Metrics {
         }
         self.advance(&r.session_failures, "session_failures", &l, h.session_failures);
         self.advance(&r.drift_repaired_keys, "drift_repaired_keys", &l, h.drift_repaired_keys);
+        self.advance(&r.verified_keys, "verified_keys", &l, h.verified_keys);
         self.advance(&r.split_revisions, "split_revisions", &l, h.split_revisions);
         self.advance(&r.txns, "txns", &l, h.txns);
         for phase in Phase::ALL {
@@ -429,7 +437,7 @@ impl Metrics {
         ] {
             family.remove(&l);
         }
-        for family in [&r.session_failures, &r.drift_repaired_keys, &r.split_revisions, &r.txns] {
+        for family in [&r.session_failures, &r.drift_repaired_keys, &r.verified_keys, &r.split_revisions, &r.txns] {
             family.remove(&l);
         }
         self.seen_causes.lock().expect("metrics lock").retain(|labels, _| {

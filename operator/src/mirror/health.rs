@@ -86,6 +86,8 @@ pub struct PeerHealth {
     pub oversized: Vec<(String, usize)>,
     /// Complete verification passes over the subtree.
     pub verify_passes: u64,
+    /// Origin keys compared with the peer's copy, since the worker started.
+    pub verified_keys: u64,
     /// Keys found different on the peer and repaired, since the worker started.
     pub drift_repaired_keys: u64,
     /// Whether the current or the last complete verification pass found drift.
@@ -170,6 +172,7 @@ impl PeerHealth {
             session_failures: 0,
             oversized: Vec::new(),
             verify_passes: 0,
+            verified_keys: 0,
             drift_repaired_keys: 0,
             drift_detected: false,
         }

@@ -553,6 +553,7 @@ impl Worker {
         let peer_kvs: Vec<_> = page_kvs(peer_page).collect();
         let peer_last = peer_kvs.last().map(|kv| kv.key.clone());
         let (end, origin) = page_range(origin, origin_more, peer_last.as_deref(), peer_more, &subtree_end);
+        let compared = origin.len() as u64;
         let layout = state.layout.clone();
         let leases = state.leases.clone();
         let ops = repairs(origin, peer_kvs, |k| layout.shard_of(k), |s| leases[s], &state.oversized);
@@ -584,6 +585,7 @@ impl Worker {
         let drift_in_pass = state.walk.repaired_this_pass > 0;
         self.shared.update(|h| {
             h.drift_repaired_keys += repaired as u64;
+            h.verified_keys += compared;
             if repaired > 0 {
                 h.drift_detected = true;
             }
