@@ -9,6 +9,7 @@ use crate::table::Table;
 use aether_harness::{EtcdFlavor, EtcdServer, ManagedProcess};
 use aether_operator::keys;
 use aether_operator::mirror::EtcdTarget;
+use aether_operator::mirror::plan::sync_window;
 use etcd_client::Client;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -125,10 +126,15 @@ pub async fn bench_wan_sync(table: &mut Table, rtt: Duration) -> anyhow::Result<
         let (_proxy, endpoint) = behind(&peer, delay).await?;
         let start = Instant::now();
         let h = spawn_worker(bench_config("b"), &origin, EtcdTarget::plain([endpoint]));
+        // Where the time goes: until the first key lands (the session's round trips: members,
+        // records, ownership, leases), then the copy itself (from the peer's side, next door).
+        let landing = Landing::sample(Client::connect([peer.endpoint()], None).await?, prefix.clone(), SYNC_KEYS);
         let finished = wait_synced(&h, Duration::from_secs(600)).await.is_ok();
         let elapsed = start.elapsed();
         h.shutdown().await;
+        let (first, copy_rate) = landing.stop(SYNC_KEYS);
         let done = count(&Client::connect([peer.endpoint()], None).await?, &prefix).await;
+        let setup = first.unwrap_or(elapsed);
         rates.push(rate(done as usize, elapsed));
         let scenario = format!("sync {SYNC_KEYS} keys{}", at_rtt(delay));
         let vs = if delay.is_zero() {
@@ -140,8 +146,17 @@ pub async fn bench_wan_sync(table: &mut Table, rtt: Duration) -> anyhow::Result<
             &scenario,
             "this mirror (in process)",
             format!("{:.0} keys/s", rates.last().copied().unwrap_or(0.0)),
-            format!("{:.2}s{}{vs}", elapsed.as_secs_f64(), if finished { "" } else { " (did not finish)" }),
-            serde_json::json!({"keys": SYNC_KEYS, "rtt_ms": delay.as_millis() as u64, "seconds": elapsed.as_secs_f64(), "missing": SYNC_KEYS as i64 - done}),
+            format!(
+                "{:.2}s{}{vs}; first key after {:.2}s, then {copy_rate:.0} keys/s (10-90 %), window {} Txns",
+                elapsed.as_secs_f64(),
+                if finished { "" } else { " (did not finish)" },
+                setup.as_secs_f64(),
+                sync_window(bench_config("b").sync_parallelism, Some(delay)),
+            ),
+            serde_json::json!({
+                "keys": SYNC_KEYS, "rtt_ms": delay.as_millis() as u64, "seconds": elapsed.as_secs_f64(),
+                "missing": SYNC_KEYS as i64 - done, "first_key_s": setup.as_secs_f64(), "copy_keys_per_s": copy_rate,
+            }),
         );
     }
     let peer = EtcdServer::start("wan-mm").await?;
@@ -251,4 +266,45 @@ pub async fn checkpoint_footprint(peer: &Client, origin: &str) -> anyhow::Result
         kv.get(keys::checkpoint_parts_prefix(origin), Some(etcd_client::GetOptions::new().with_prefix())).await?;
     let bytes = |kvs: &[etcd_client::KeyValue]| kvs.iter().map(|kv| kv.key().len() + kv.value().len()).sum::<usize>();
     Ok((parts.kvs().len(), bytes(record.kvs()) + bytes(parts.kvs())))
+}
+
+/// When a sync's first key, 10 % and 90 % of its keys landed on the peer, sampled from the
+/// peer's side every 20 ms.
+struct Landing {
+    times: std::sync::Arc<std::sync::Mutex<[Option<Duration>; 3]>>,
+    sampler: tokio::task::JoinHandle<()>,
+}
+
+impl Landing {
+    fn sample(peer: Client, prefix: String, keys: usize) -> Self {
+        let times = std::sync::Arc::new(std::sync::Mutex::new([None; 3]));
+        let shared = times.clone();
+        let sampler = tokio::spawn(async move {
+            let start = Instant::now();
+            loop {
+                let n = count(&peer, &prefix).await as usize;
+                let t = start.elapsed();
+                for (slot, reached) in
+                    shared.lock().unwrap().iter_mut().zip([n > 0, n >= keys / 10, n >= keys * 9 / 10])
+                {
+                    if reached && slot.is_none() {
+                        *slot = Some(t);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        });
+        Landing { times, sampler }
+    }
+
+    /// (first key, keys a second between 10 % and 90 %).
+    fn stop(self, keys: usize) -> (Option<Duration>, f64) {
+        self.sampler.abort();
+        let [first, tenth, ninetieth] = *self.times.lock().unwrap();
+        let copy_rate = match (tenth, ninetieth) {
+            (Some(a), Some(b)) if b > a => rate(keys * 8 / 10, b - a),
+            _ => 0.0,
+        };
+        (first, copy_rate)
+    }
 }
