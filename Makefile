@@ -5,7 +5,7 @@ export AETHER_TOOLS_BIN := $(TOOLS_BIN)
 export PATH := $(TOOLS_BIN):$(PATH)
 CARGO ?= cargo
 
-.PHONY: all tools build manifests crds chart krew test test-soak test-etcd34 lint fmt bench demo e2e e2e-kind lint-chart check-alerts clean
+.PHONY: all tools build manifests crds image chart krew test test-soak test-etcd34 lint fmt bench demo e2e e2e-kind lint-chart check-alerts clean
 
 all: build
 
@@ -20,6 +20,12 @@ build:
 manifests:
 	$(CARGO) run -q -p aether-operator -- manifests --root .
 crds: manifests
+
+## image: static musl binaries for linux/amd64 and linux/arm64 and the OCI image (a multi-arch
+## index, FROM scratch, user 65532) as target/image/aether-operator-<version>.oci.tar, with its SBOM;
+## no container engine (hack/image.sh)
+image: tools
+	hack/image.sh
 
 ## chart: the Helm chart packaged as target/chart/aether-federation-<version>.tgz; one version for
 ## everything: Cargo.toml's, which Chart.yaml's version and appVersion must equal (hack/package.sh)

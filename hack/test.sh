@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The suites of `make test` after the lints: unit, property and integration tests against real
-# etcd and kube-apiserver, the mirror and lease suites again on etcd 3.4, and the multi-region
-# e2e. The soak tests (minutes at the CRD defaults, mostly waiting: 25 s partitions, 16k leases
-# held for three TTLs) run beside the e2e and the 3.4 pass instead of after them; their output is
-# printed when they end.
+# etcd and kube-apiserver; the image (`make image`) and its test (the federation on the image's
+# binary); the mirror and lease suites again on etcd 3.4, and the multi-region e2e. The soak tests
+# (minutes at the CRD defaults, mostly waiting: 25 s partitions, 16k leases held for three TTLs, ten
+# idle minutes) run beside the 3.4 pass, the e2e and the image's test instead of after them,
+# once the image's release builds are done; their output is printed when they end.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 cargo=${CARGO:-cargo}
@@ -13,6 +14,9 @@ make=${MAKE:-make}
 failed=()
 "$cargo" test --workspace --exclude aether-e2e --no-fail-fast || failed+=("unit and integration tests")
 
+image_built=true
+"$make" image || { failed+=("make image"); image_built=false; }
+
 soak_log=$(mktemp -t aether-soak.XXXXXX)
 started=$SECONDS
 "$cargo" test -p aether-operator --test soak -- --ignored --test-threads=4 >"$soak_log" 2>&1 &
@@ -21,6 +25,9 @@ trap 'kill "$soak" 2>/dev/null' EXIT
 
 "$make" test-etcd34 || failed+=("the etcd 3.4 pass")
 "$make" e2e || failed+=("e2e")
+if $image_built; then
+  "$cargo" test -p aether-e2e --test image || failed+=("the image's test")
+fi
 
 if ! wait "$soak"; then
   failed+=("soak")

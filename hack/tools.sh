@@ -16,6 +16,12 @@ HELM_VERSION=v3.19.0
 KUBECONFORM_VERSION=v0.7.0
 PROMETHEUS_VERSION=v0.316.0  # promtool, for the alert rules' checks and unit tests
 GOPHER_LUA_VERSION=v1.1.2    # Argo CD's Lua interpreter; keep in step with hack/tools/lua-health/go.mod
+# `make image`: Zig (from PyPI's ziglang) as the C compiler and linker of the static musl builds
+# for linux/amd64 and linux/arm64, driven by cargo-zigbuild (crates.io); crane (the Go module) to
+# push the image from its OCI tarball.
+ZIG_VERSION=0.14.1
+CARGO_ZIGBUILD_VERSION=0.20.1
+CRANE_VERSION=v0.22.1
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 tools_dir=${AETHER_TOOLS_DIR:-$HOME/.cache/aether-federation/tools}
@@ -107,5 +113,31 @@ go_install promtool "$PROMETHEUS_VERSION" github.com/prometheus/prometheus/cmd/p
 # interpreter's version and a digest of the sources, so any change to them rebuilds it.
 lua_health_version=$GOPHER_LUA_VERSION-$(cat "$here"/tools/lua-health/{go.mod,go.sum,main.go} | sha256sum | cut -c1-12)
 build_from_module aether-lua-health "$lua_health_version" "$here/tools/lua-health" . aether-lua-health
+
+go_install crane "$CRANE_VERSION" github.com/google/go-containerregistry/cmd/crane
+
+zig_dest=$tools_dir/ziglang-$ZIG_VERSION
+if [[ -x "$zig_dest/ziglang/zig" ]]; then
+  say "zig $ZIG_VERSION: cached in $zig_dest"
+else
+  command -v python3 >/dev/null || die "python3 (3.11+) is needed to install Zig from PyPI"
+  say "zig $ZIG_VERSION: installing ziglang from PyPI"
+  rm -rf "$zig_dest.tmp"
+  python3 -m pip install --quiet --disable-pip-version-check --target "$zig_dest.tmp" "ziglang==$ZIG_VERSION"
+  rm -rf "$zig_dest" && mv "$zig_dest.tmp" "$zig_dest"
+fi
+ln -sf "$zig_dest/ziglang/zig" "$bin_dir/zig"
+
+zigbuild_dest=$tools_dir/cargo-zigbuild-$CARGO_ZIGBUILD_VERSION
+if [[ -x "$zigbuild_dest/bin/cargo-zigbuild" ]]; then
+  say "cargo-zigbuild $CARGO_ZIGBUILD_VERSION: cached in $zigbuild_dest"
+else
+  say "cargo-zigbuild $CARGO_ZIGBUILD_VERSION: building from crates.io"
+  start=$SECONDS
+  cargo install --quiet --locked cargo-zigbuild --version "=$CARGO_ZIGBUILD_VERSION" --root "$zigbuild_dest.tmp"
+  rm -rf "$zigbuild_dest" && mv "$zigbuild_dest.tmp" "$zigbuild_dest"
+  say "cargo-zigbuild $CARGO_ZIGBUILD_VERSION: built in $((SECONDS - start)) s"
+fi
+ln -sf "$zigbuild_dest/bin/cargo-zigbuild" "$bin_dir/cargo-zigbuild"
 
 say "all tools in $bin_dir"
