@@ -154,6 +154,8 @@ struct Window {
     /// The index of the last key the load wrote (None when idle).
     last_index: Option<usize>,
     written: u64,
+    /// How long the window took (the load's writers may fall behind on a busy machine).
+    elapsed: f64,
 }
 
 /// Measures a window; with `rate`, a writer per region puts that many writes a second into the
@@ -180,7 +182,7 @@ async fn measure(regions: &[Region], processes: &[WorkerProcess], rate: Option<u
     let per_second = |pick: fn(&(f64, f64)) -> f64| -> Vec<f64> {
         rpc_before.iter().zip(&rpc_after).map(|(b, a)| (pick(a) - pick(b)) / elapsed).collect()
     };
-    Window { cpu, rss, reads: per_second(|r| r.0), writes: per_second(|r| r.1), busy, last_index, written }
+    Window { cpu, rss, reads: per_second(|r| r.0), writes: per_second(|r| r.1), busy, last_index, written, elapsed }
 }
 
 /// Writes `rate` puts a second into each region's own subtree for the window; returns the index
@@ -229,24 +231,31 @@ impl Window {
         let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
         let max = |v: &[f64]| v.iter().cloned().fold(0.0, f64::max);
         let rss: Vec<f64> = self.rss.iter().map(|kb| *kb as f64 / 1024.0).collect();
-        let load = if self.last_index.is_some() { format!("{} writes made; ", self.written) } else { String::new() };
+        let load = match self.last_index {
+            Some(_) => format!(
+                "{} writes made, {:.0}/s per region; ",
+                self.written,
+                self.written as f64 / self.elapsed / n as f64
+            ),
+            None => String::new(),
+        };
         table.row_with(
             &format!("mesh {n} regions, {what}"),
             "per operator process",
             format!("CPU {:.2}% of a core (max {:.2}%), RSS {:.1} MiB (max {:.1})", mean(&self.cpu), max(&self.cpu), mean(&rss), max(&rss)),
             format!(
-                "{load}per etcd: {:.1} reads/s (max {:.1}), {:.1} writes/s (max {:.1}) as RPCs; machine {:.0}% busy over {}s",
+                "{load}per etcd: {:.1} reads/s (max {:.1}), {:.1} writes/s (max {:.1}) as RPCs (a read is a page of up to 1,000 keys, a write a Txn of up to 125); machine {:.0}% busy over {:.0}s",
                 mean(&self.reads),
                 max(&self.reads),
                 mean(&self.writes),
                 max(&self.writes),
                 self.busy,
-                WINDOW.as_secs()
+                self.elapsed
             ),
             serde_json::json!({
                 "regions": n, "window": what, "cpu_percent": self.cpu, "rss_mib": rss,
                 "etcd_reads_per_s": self.reads, "etcd_writes_per_s": self.writes, "machine_busy_percent": self.busy,
-                "writes_made": self.written,
+                "writes_made": self.written, "window_s": self.elapsed,
             }),
         );
     }
