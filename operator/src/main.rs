@@ -359,6 +359,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                 )));
             }
             term.cancelled().await;
+            // A reconcile in flight may wait on an API server that no longer answers (the reason a
+            // leader stands down): the workers must stop now, before a standby can lead, not after
+            // its request times out. The next leader reconciles everything again.
+            for c in &controllers {
+                c.abort();
+            }
             for c in controllers {
                 let _ = c.await;
             }

@@ -142,6 +142,7 @@ where
             _ = watch_deadline(leases.clone(), &settings) => {
                 term.cancel();
                 work.await;
+                metrics.operator.leader.set(0);
                 // Stand by until the lease manager has seen the lease again, whoever holds it.
                 tokio::time::sleep(CONFIRM_INTERVAL * 2).await;
             }
