@@ -5,6 +5,7 @@ mod support;
 use aether_harness::{EtcdServer, KubeApiserver, free_port, wait_until};
 use aether_operator::api::{RegionPeering, RegistrySchema};
 use aether_operator::keys;
+use aether_operator::mirror::records::checkpoint::Owner;
 use etcd_client::{Client, GetOptions, Txn, TxnOp};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -214,12 +215,19 @@ async fn registry_schema_status_follows_the_drain() {
     assert!(table.contains("Complete") && table.contains("300"), "{table}");
 }
 
+/// The mirror's records on the peer but its owner record.
 async fn bookkeeping(etcd: &EtcdServer, origin: &str) -> i64 {
     let mut c = Client::connect([etcd.endpoint()], None).await.unwrap();
-    c.get(keys::federation_prefix(origin), Some(GetOptions::new().with_prefix().with_count_only()))
-        .await
-        .unwrap()
-        .count()
+    let records = c.get(keys::federation_prefix(origin), Some(GetOptions::new().with_prefix())).await.unwrap();
+    records.kvs().iter().filter(|kv| kv.key() != keys::owner_key(origin).as_bytes()).count() as i64
+}
+
+/// Whether the owner record is a retirement's tombstone, which stays: a deposed worker standing
+/// by must never take a deleted mirror back.
+async fn retired(etcd: &EtcdServer, origin: &str) -> bool {
+    let mut c = Client::connect([etcd.endpoint()], None).await.unwrap();
+    let owner = c.get(keys::owner_key(origin), None).await.unwrap();
+    owner.kvs().first().and_then(|kv| Owner::decode(kv.value())).is_some_and(|o| o.retired)
 }
 
 async fn wait_gone(api: &Api<RegionPeering>, name: &str) {
@@ -249,20 +257,21 @@ async fn deleting_a_region_peering_retires_its_mirror_under_each_policy() {
     let deleted_at = std::time::Instant::now();
     api.delete("a", &DeleteParams::default()).await.unwrap();
     wait_gone(&api, "a").await;
+    eprintln!("Lapse: the RegionPeering was gone {:?} after the delete", deleted_at.elapsed());
     let lapse_bound = Duration::from_secs(6 + 2 + 3); // TTL + keepalive interval + scheduling slack
-    wait_until("the mirror lapses on every peer", lapse_bound, || async {
-        Ok(mirrored(&b, "a").await == 0
-            && mirrored(&c, "a").await == 0
-            && bookkeeping(&b, "a").await == 0
-            && bookkeeping(&c, "a").await == 0)
-    })
-    .await
-    .unwrap();
+    let left = || async {
+        [mirrored(&b, "a").await, mirrored(&c, "a").await, bookkeeping(&b, "a").await, bookkeeping(&c, "a").await]
+    };
+    let lapsed =
+        wait_until("the mirror lapses on every peer", lapse_bound, || async { Ok(left().await == [0; 4]) }).await;
+    assert!(lapsed.is_ok(), "{lapsed:?}: left on b and c (keys, keys, records, records): {:?}", left().await);
+    assert!(retired(&b, "a").await && retired(&c, "a").await, "the owner records are tombstones");
     eprintln!("Lapse: the mirror was gone from both peers {:?} after the delete", deleted_at.elapsed());
 
     // Delete: gone from every peer at once, long before a 30 s TTL could lapse.
     let mut object = peering("a2", "a", &a, &[("b", &b), ("c", &c)]);
     object["spec"]["lease"] = json!({"ttlSeconds": 30, "keepaliveIntervalSeconds": 10});
+    object["spec"]["failureDetector"] = json!({}); // the default pause: twice the interval
     object["spec"]["deletionPolicy"] = json!("Delete");
     create_json(&client, NS, object).await.unwrap();
     wait_condition(&api, "a2", "Ready", "True", None).await;
@@ -271,6 +280,7 @@ async fn deleting_a_region_peering_retires_its_mirror_under_each_policy() {
     wait_gone(&api, "a2").await;
     assert_eq!((mirrored(&b, "a").await, mirrored(&c, "a").await), (0, 0), "deleted with the object");
     assert_eq!((bookkeeping(&b, "a").await, bookkeeping(&c, "a").await), (0, 0));
+    assert!(retired(&b, "a").await && retired(&c, "a").await, "the owner records are tombstones");
     assert!(deleted_at.elapsed() < Duration::from_secs(30));
 
     // A peer that cannot be reached does not block the deletion; an Event says what remains.
