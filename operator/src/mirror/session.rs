@@ -34,7 +34,10 @@ impl Worker {
     ) -> anyhow::Result<SessionEnd> {
         self.shared.phase(Phase::Connecting);
         let mut peer = self.peer.connect().await.context("connecting to the peer etcd")?;
-        let records = self.read_records(&peer).await?;
+        // The auth probe writes nothing, so it flies beside the records' reads (a round trip less
+        // across distance); its answer counts only after the leases are kept.
+        let (records, auth_binds) = tokio::join!(self.read_records(&peer), self.auth_binds(&peer));
+        let records = records?;
         state.stored_checkpoint = records.stored.clone();
         let first_session = state.ownership.epoch.is_none();
         let (generation, restored) =
@@ -64,9 +67,9 @@ impl Worker {
             );
         }
 
+        state.auth_binds = auth_binds?;
         let mut local = self.local.connect().await.context("connecting to the local etcd")?;
         let origin = self.origin_status(&mut local).await?;
-        state.auth_binds = self.auth_binds(&peer).await?;
         state.lease_cap = crate::mirror::plan::lease_cap(self.config.max_keys_per_lease, state.auth_binds);
         // Whether each lease is alive, from the peer's answers to the renewals.
         let ttl = Duration::from_secs(self.config.lease_ttl_seconds.max(1) as u64);

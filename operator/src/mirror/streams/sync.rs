@@ -18,13 +18,14 @@ use crate::mirror::streams::apply::Applied;
 use crate::mirror::target::kv;
 use anyhow::anyhow;
 use etcd_client::{Client, GetOptions, GetResponse, PutOptions, TxnOp};
-use futures::StreamExt;
 use futures::stream::FuturesUnordered;
+use futures::{FutureExt, StreamExt};
 use std::collections::VecDeque;
 use tracing::{debug, info, warn};
 
-/// Lease grants in flight at once when a sync lays out its leases.
-const GRANTS_IN_FLIGHT: usize = 128;
+/// Lease grants in flight at once when a sync lays out its leases: the layout of 100k keys
+/// (256 leases) in one round trip, 16k in 64 rather than all at once.
+const GRANTS_IN_FLIGHT: usize = 256;
 
 /// Room kept in every request for the bookkeeping puts and framing.
 pub(in crate::mirror) const RESERVED_REQUEST_BYTES: usize = 64 * 1024;
@@ -74,39 +75,16 @@ impl Worker {
         if state.layout.len() != state.leases.len() {
             state.layout = Layout::uniform(state.leases.len());
         }
-        // Grant the missing leases many at a time, not one round trip each, but not all at once
-        // either: 16k grants at once through a follower each outlive the RPC deadline.
-        let missing: Vec<usize> = (0..state.leases.len()).filter(|s| state.leases[*s] == 0).collect();
-        let mut grants = futures::stream::iter(missing)
-            .map(|shard| {
-                let mut peer = peer.clone();
-                async move { self.grant(&mut peer, shard).await.map(|granted| (shard, granted)) }
-            })
-            .buffer_unordered(GRANTS_IN_FLIGHT);
-        let mut granted_now = 0;
-        while let Some(granted) = grants.next().await {
-            let (shard, (lease, at)) = granted?;
-            self.keeper.granted(lease, at);
-            state.leases[shard] = lease;
-            granted_now += 1;
-        }
-        drop(grants);
-        if granted_now > 0 {
-            info!(leases = granted_now, "leases granted for the layout");
-            self.shared.emit(MirrorEvent::LeasesGranted { leases: granted_now });
-        }
-        self.keep_alive(state);
-        // Record the layout, not synced, before any key moves: a successor taking over mid-sync
-        // keeps every lease that may hold keys alive, and syncs again. The canary says so too.
-        let canary = serde_json::json!({"synced": false, "cause": cause.as_str()});
-        let record = self.checkpoint(state, 0, false);
-        let write = self.checkpoint_write(state, &record);
-        let bookkeeping = vec![self.canary_op(state, canary)];
-        if let Applied::Fenced(by) = self.apply_checkpoint(peer, epoch, write, bookkeeping).await? {
+        // The peer's distance sizes the window; measured while the layout is granted and
+        // recorded (its status calls write nothing), not in three more round trips after.
+        let (measure_local, measure_peer) = (local.clone(), peer.clone());
+        let (distance, laid_out) =
+            tokio::join!(self.peer_distance(&measure_local, &measure_peer), self.lay_out(peer, state, epoch, cause));
+        if let Some(by) = laid_out? {
             return Ok(Some(by));
         }
 
-        let window = sync_window(self.config.sync_parallelism, self.peer_distance(local, peer).await);
+        let window = sync_window(self.config.sync_parallelism, distance);
         let shards = state.leases.len();
         let layout = state.layout.clone();
         let leases = state.leases.clone();
@@ -196,6 +174,14 @@ impl Worker {
                     inflight_bytes += bytes;
                     let apply = self.apply(peer, epoch, batch, &leases, Vec::new());
                     inflight.push(with_bytes(apply, bytes));
+                    // A Txn in the set is sent only once the set is polled: poll it now, not once
+                    // the window is full (across distance, 42 batches would wait for a 43rd).
+                    while let Some(Some((result, landed))) = inflight.next().now_or_never() {
+                        inflight_bytes -= landed;
+                        if let Some(by) = settle(Some(result))? {
+                            return Ok(Some(by));
+                        }
+                    }
                 }
             }
             if read_all {
@@ -248,6 +234,48 @@ impl Worker {
             self.keep_alive(state);
         }
         Ok(None)
+    }
+
+    /// Grants the layout's missing leases and records the layout, not synced, before any key
+    /// moves: a successor taking over mid-sync keeps every lease that may hold keys alive, and
+    /// syncs again. The canary says so too. Returns who fenced us, if someone did.
+    async fn lay_out(
+        &self,
+        peer: &Client,
+        state: &mut State,
+        epoch: i64,
+        cause: ResyncCause,
+    ) -> anyhow::Result<Option<String>> {
+        // Many grants at a time, not one round trip each, but not all at once either: 16k
+        // grants at once through a follower each outlive the RPC deadline.
+        let missing: Vec<usize> = (0..state.leases.len()).filter(|s| state.leases[*s] == 0).collect();
+        let mut grants = futures::stream::iter(missing)
+            .map(|shard| {
+                let mut peer = peer.clone();
+                async move { self.grant(&mut peer, shard).await.map(|granted| (shard, granted)) }
+            })
+            .buffer_unordered(GRANTS_IN_FLIGHT);
+        let mut granted_now = 0;
+        while let Some(granted) = grants.next().await {
+            let (shard, (lease, at)) = granted?;
+            self.keeper.granted(lease, at);
+            state.leases[shard] = lease;
+            granted_now += 1;
+        }
+        drop(grants);
+        if granted_now > 0 {
+            info!(leases = granted_now, "leases granted for the layout");
+            self.shared.emit(MirrorEvent::LeasesGranted { leases: granted_now });
+        }
+        self.keep_alive(state);
+        let canary = serde_json::json!({"synced": false, "cause": cause.as_str()});
+        let record = self.checkpoint(state, 0, false);
+        let write = self.checkpoint_write(state, &record);
+        let bookkeeping = vec![self.canary_op(state, canary)];
+        Ok(match self.apply_checkpoint(peer, epoch, write, bookkeeping).await? {
+            Applied::Fenced(by) => Some(by),
+            Applied::Yes => None,
+        })
     }
 
     /// One range page of at most `page_size` keys from `from`, fewer when the largest key-value
