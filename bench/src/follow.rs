@@ -43,6 +43,7 @@ pub async fn bench_catchup(table: &mut Table, rtt: Duration) -> anyhow::Result<(
             _mm = Some(make_mirror(&origin, &peer_endpoint, &dir.path().join("mm-catchup.log"))?);
             tokio::time::sleep(Duration::from_secs(1)).await; // let make-mirror start its watch
         }
+        let before = handle.as_ref().map(|h| h.health());
         let start = Instant::now();
         futures::stream::iter(0..CATCHUP_REVISIONS)
             .map(|i| {
@@ -57,12 +58,26 @@ pub async fn bench_catchup(table: &mut Table, rtt: Duration) -> anyhow::Result<(
         let wrote = start.elapsed();
         let caught = wait_count(&pc, &prefix, CATCHUP_REVISIONS, MAKE_MIRROR_BUDGET * 3).await;
         let total = start.elapsed();
+        // What carried them: peer Txns (and so revisions per Txn) and the splits the growth made.
+        let carried = match (&handle, before) {
+            (Some(h), Some(before)) => {
+                let after = h.health();
+                let txns = after.txns - before.txns;
+                format!(
+                    "; {txns} peer Txns ({:.0}/s, {:.1} revisions each), shard splits {}",
+                    txns as f64 / total.as_secs_f64(),
+                    CATCHUP_REVISIONS as f64 / txns.max(1) as f64,
+                    after.shard_splits - before.shard_splits
+                )
+            }
+            _ => String::new(),
+        };
         table.row(
             &format!("catch-up {CATCHUP_REVISIONS} revisions{}", at_rtt(rtt)),
             subject,
             format!("{:.2}s", total.as_secs_f64()),
             format!(
-                "origin wrote them in {:.2}s; ratio {:.2}{}",
+                "origin wrote them in {:.2}s; ratio {:.2}{}{carried}",
                 wrote.as_secs_f64(),
                 total.as_secs_f64() / wrote.as_secs_f64(),
                 if caught.is_some() { "" } else { " (did not finish)" }

@@ -35,8 +35,13 @@ async fn main() -> anyhow::Result<()> {
     }
     // `aether-bench [scenario...]`: sync, catchup, steady, leases, keepalive, drain, operator, fanout, verify, mesh, scale,
     // wan (sync, catch-up and steady with the peer behind a 50 and a 150 ms proxy); all by default.
-    // `wan-steady` (never by default) runs only the steady rows of `wan`; `auth-1m` (never by
+    // `wan-steady` and `wan-catchup` (never by default) run only those rows of `wan`; `auth-1m` (never by
     // default) syncs 1M keys under least-privilege auth.
+    // AETHER_BENCH_LOG (a tracing filter, e.g. `aether_operator=debug`): the workers' logs on
+    // stderr, to see where a scenario's time goes.
+    if let Ok(filter) = std::env::var("AETHER_BENCH_LOG") {
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    }
     let only: Vec<String> = args[1..].to_vec();
     let want = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
     let mut table = Table::default();
@@ -84,6 +89,11 @@ async fn main() -> anyhow::Result<()> {
             bench_wan_sync(&mut table, rtt).await?;
             bench_catchup(&mut table, rtt).await?;
             bench_steady(&mut table, 0, rtt).await?;
+        }
+    }
+    if only.iter().any(|o| o == "wan-catchup") {
+        for rtt in [Duration::from_millis(50), Duration::from_millis(150)] {
+            bench_catchup(&mut table, rtt).await?;
         }
     }
     if only.iter().any(|o| o == "wan-steady") {

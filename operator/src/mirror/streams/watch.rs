@@ -171,6 +171,9 @@ impl Worker {
         let mut verify_due = false;
         // A lease shard being split beside the watch (see `split.rs`).
         let mut splitting: Option<Split> = None;
+        // Drifted shard counts being recorded beside the watch: inline, each record held the
+        // batches back a round trip, and a far peer caught up at a few Txns a second.
+        let mut recording: Option<Recording> = None;
 
         loop {
             let room = pending_ops < self.config.max_pending_ops && pending_bytes < self.config.max_pending_bytes;
@@ -192,6 +195,7 @@ impl Worker {
                         state.leases[shard] = 0;
                         settle_inflight(std::mem::take(&mut inflight)).await?;
                         settle_split(splitting.take(), state).await;
+                        settle_recording(recording.take(), state).await;
                         return Ok(WatchEnd::Resync(ResyncCause::LeaseLost));
                     }
                 }
@@ -250,6 +254,7 @@ impl Worker {
                             warn!(compacted = response.compact_revision(), needed = state.applied + 1, "origin compacted past the mirror's revision");
                             settle_inflight(std::mem::take(&mut inflight)).await?;
                             settle_split(splitting.take(), state).await;
+                            settle_recording(recording.take(), state).await;
                             return Ok(WatchEnd::Resync(ResyncCause::Compacted));
                         }
                         anyhow::bail!("the origin cancelled the watch: {}", response.cancel_reason());
@@ -388,13 +393,20 @@ impl Worker {
             }
             // A shard past the cap splits, online, beside the watch; otherwise counts that
             // drifted from the checkpoint's are recorded, so that a successor starts from them.
-            if splitting.is_none() && split == 0 {
+            // One checkpoint writer at a time: a split waits for a record in flight, and the
+            // reverse.
+            if recording.as_ref().is_some_and(|r| r.is_finished()) {
+                let done = recording.take().expect("checked").await;
+                match done.map_err(|e| anyhow!("recording shard counts: {e}"))?? {
+                    Applied::Yes => {}
+                    Applied::Fenced(by) => return Ok(WatchEnd::Fenced(by)),
+                }
+            }
+            if splitting.is_none() && split == 0 && recording.is_none() {
                 match self.shard_to_split(state) {
                     Some(shard) => splitting = Some(self.start_split(peer, shard)),
                     None if !state.drifted.is_empty() => {
-                        if let Some(by) = self.record_drifted_counts(peer, state, epoch).await? {
-                            return Ok(WatchEnd::Fenced(by));
-                        }
+                        recording = Some(self.record_drifted_counts(peer, state, epoch))
                     }
                     None => {}
                 }
@@ -447,6 +459,13 @@ impl Worker {
                 dispatched += batch.revisions_consumed;
                 sent += 1;
                 let alone = batch.revisions_consumed == 0;
+                tracing::trace!(
+                    ops = batch.ops.len(),
+                    running = pipeline.running,
+                    depth,
+                    pending = pending.len() - dispatched,
+                    "watch batch sent"
+                );
                 inflight.push_back(self.send_batch(peer, epoch, batch, progress, state, &mut pipeline));
                 if pipeline.running > peak {
                     peak = pipeline.running;
@@ -493,13 +512,8 @@ impl Worker {
     }
 
     /// Records the counts of the shards that drifted (`State::count_drifted`), in the parts
-    /// holding them.
-    async fn record_drifted_counts(
-        &self,
-        peer: &Client,
-        state: &mut State,
-        epoch: i64,
-    ) -> anyhow::Result<Option<String>> {
+    /// holding them, in a task beside the watch (its Txn compares the epoch like every other).
+    fn record_drifted_counts(&self, peer: &Client, state: &mut State, epoch: i64) -> Recording {
         let mut recorded = state.recorded_keys.clone();
         recorded.resize(state.keys.len(), 0);
         for shard in &state.drifted {
@@ -508,10 +522,7 @@ impl Worker {
         debug!(shards = state.drifted.len(), "recording shard counts that drifted");
         let record = self.checkpoint_for(state, &state.layout, &state.leases, &recorded, state.applied, true);
         let write = self.checkpoint_write(state, &record);
-        match self.apply_checkpoint(peer, epoch, write, Vec::new()).await? {
-            Applied::Yes => Ok(None),
-            Applied::Fenced(by) => Ok(Some(by)),
-        }
+        tokio::spawn(self.apply_checkpoint(peer, epoch, write, Vec::new()))
     }
 
     /// Compares one page of the peer's copy with the origin at the applied revision and repairs
@@ -633,6 +644,19 @@ impl Worker {
             progress,
             released: false,
         }
+    }
+}
+
+/// A record of drifted shard counts in flight.
+type Recording = tokio::task::JoinHandle<anyhow::Result<Applied>>;
+
+/// Lets a record of drifted counts land before a resync writes a new layout in the same epoch.
+/// Its outcome is not known here, so the stored checkpoint is taken as unknown (the next record
+/// is written whole).
+async fn settle_recording(recording: Option<Recording>, state: &mut State) {
+    if let Some(task) = recording {
+        let _ = task.await;
+        state.stored_checkpoint = crate::mirror::records::checkpoint::Stored::Unknown;
     }
 }
 
