@@ -35,9 +35,21 @@ impl Worker {
         self.shared.phase(Phase::Connecting);
         let mut peer = self.peer.connect().await.context("connecting to the peer etcd")?;
         // The auth probe writes nothing, so it flies beside the records' reads (a round trip less
-        // across distance); its answer counts only after the leases are kept.
-        let (records, auth_binds) = tokio::join!(self.read_records(&peer), self.auth_binds(&peer));
-        let records = records?;
+        // across distance); the leases are kept without waiting for its answer.
+        let probing = peer.clone();
+        let probe = self.auth_binds(&probing);
+        tokio::pin!(probe);
+        let mut auth_binds = None;
+        let records = {
+            let reading = self.read_records(&peer);
+            tokio::pin!(reading);
+            loop {
+                tokio::select! {
+                    records = &mut reading => break records?,
+                    answer = &mut probe, if auth_binds.is_none() => auth_binds = Some(answer),
+                }
+            }
+        };
         state.stored_checkpoint = records.stored.clone();
         let first_session = state.ownership.epoch.is_none();
         let (generation, restored) =
@@ -67,7 +79,10 @@ impl Worker {
             );
         }
 
-        state.auth_binds = auth_binds?;
+        state.auth_binds = match auth_binds {
+            Some(answer) => answer?,
+            None => probe.await?,
+        };
         let mut local = self.local.connect().await.context("connecting to the local etcd")?;
         let origin = self.origin_status(&mut local).await?;
         state.lease_cap = crate::mirror::plan::lease_cap(self.config.max_keys_per_lease, state.auth_binds);

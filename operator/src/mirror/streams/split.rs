@@ -94,10 +94,16 @@ impl Split {
         }
     }
 
-    /// Lets the running step finish (its Txn may still land) before the watch ends.
-    pub async fn settle(mut self) {
-        if let Some(step) = self.step.take() {
-            let _ = step.await;
+    /// Lets the running step finish (its Txn may still land) before the watch ends. Who fenced
+    /// it, if someone did; an error when its outcome is unknown (a Txn that timed out may still
+    /// land, so the session must end and the next one fence it under a new epoch).
+    pub async fn settle(mut self) -> anyhow::Result<Option<String>> {
+        match self.step.take() {
+            None => Ok(None),
+            Some(step) => match step.await? {
+                StepDone::Fenced(by) | StepDone::Recorded(Applied::Fenced(by)) => Ok(Some(by)),
+                _ => Ok(None),
+            },
         }
     }
 }

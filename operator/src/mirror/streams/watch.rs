@@ -194,8 +194,9 @@ impl Worker {
                         // The sync grants its replacement and records it before moving keys.
                         state.leases[shard] = 0;
                         settle_inflight(std::mem::take(&mut inflight)).await?;
-                        settle_split(splitting.take(), state).await;
-                        settle_recording(recording.take(), state).await;
+                        if let Some(by) = settle_writers(splitting.take(), recording.take(), state).await? {
+                            return Ok(WatchEnd::Fenced(by));
+                        }
                         return Ok(WatchEnd::Resync(ResyncCause::LeaseLost));
                     }
                 }
@@ -253,8 +254,9 @@ impl Worker {
                         if response.compact_revision() > 0 {
                             warn!(compacted = response.compact_revision(), needed = state.applied + 1, "origin compacted past the mirror's revision");
                             settle_inflight(std::mem::take(&mut inflight)).await?;
-                            settle_split(splitting.take(), state).await;
-                            settle_recording(recording.take(), state).await;
+                            if let Some(by) = settle_writers(splitting.take(), recording.take(), state).await? {
+                                return Ok(WatchEnd::Fenced(by));
+                            }
                             return Ok(WatchEnd::Resync(ResyncCause::Compacted));
                         }
                         anyhow::bail!("the origin cancelled the watch: {}", response.cancel_reason());
@@ -319,6 +321,12 @@ impl Worker {
                     }
                 }
                 _ = finished.notified(), if !inflight.is_empty() => {}
+                done = async { recording.as_mut().expect("guarded").await }, if recording.is_some() => {
+                    recording = None;
+                    if let Some(by) = counts_recorded(done)? {
+                        return Ok(WatchEnd::Fenced(by));
+                    }
+                }
                 () = &mut linger, if lingering => lingering = false,
                 _ = &mut verify_slot, if !verify_due => verify_due = true,
                 done = async { splitting.as_mut().expect("guarded").step().await }, if splitting.as_ref().is_some_and(Split::running) => {
@@ -395,13 +403,6 @@ impl Worker {
             // drifted from the checkpoint's are recorded, so that a successor starts from them.
             // One checkpoint writer at a time: a split waits for a record in flight, and the
             // reverse.
-            if recording.as_ref().is_some_and(|r| r.is_finished()) {
-                let done = recording.take().expect("checked").await;
-                match done.map_err(|e| anyhow!("recording shard counts: {e}"))?? {
-                    Applied::Yes => {}
-                    Applied::Fenced(by) => return Ok(WatchEnd::Fenced(by)),
-                }
-            }
             if splitting.is_none() && split == 0 && recording.is_none() {
                 match self.shard_to_split(state) {
                     Some(shard) => splitting = Some(self.start_split(peer, shard)),
@@ -650,24 +651,39 @@ impl Worker {
 /// A record of drifted shard counts in flight.
 type Recording = tokio::task::JoinHandle<anyhow::Result<Applied>>;
 
-/// Lets a record of drifted counts land before a resync writes a new layout in the same epoch.
-/// Its outcome is not known here, so the stored checkpoint is taken as unknown (the next record
-/// is written whole).
-async fn settle_recording(recording: Option<Recording>, state: &mut State) {
-    if let Some(task) = recording {
-        let _ = task.await;
-        state.stored_checkpoint = crate::mirror::records::checkpoint::Stored::Unknown;
+/// What a record of drifted counts came to: who fenced it, if someone did; an error ends the
+/// session (a Txn that timed out may still land: only a new epoch fences it).
+fn counts_recorded(done: Result<anyhow::Result<Applied>, tokio::task::JoinError>) -> anyhow::Result<Option<String>> {
+    match done.map_err(|e| anyhow!("recording shard counts: {e}"))?? {
+        Applied::Yes => Ok(None),
+        Applied::Fenced(by) => Ok(Some(by)),
     }
 }
 
-/// Lets a split's step finish before a resync: a move Txn may still land. Its outcome is not
-/// looked at, so how the peer stores the checkpoint is not known any more: the sync's record is
-/// then written in full.
-async fn settle_split(splitting: Option<Split>, state: &mut State) {
-    if let Some(task) = splitting {
-        task.settle().await;
-        state.stored_checkpoint = crate::mirror::records::checkpoint::Stored::Unknown;
-    }
+/// Lets the checkpoint's writers (a split's step, a record of counts) land before a resync
+/// writes a new layout in the same epoch. Who fenced one, if someone did; an error when an
+/// outcome is unknown, so that the session ends instead of racing a late write.
+async fn settle_writers(
+    splitting: Option<Split>,
+    recording: Option<Recording>,
+    state: &mut State,
+) -> anyhow::Result<Option<String>> {
+    let fenced = match recording {
+        Some(task) => counts_recorded(task.await)?,
+        None => None,
+    };
+    let split_fenced = settle_split(splitting, state).await?;
+    Ok(fenced.or(split_fenced))
+}
+
+/// Lets a split's step finish before a resync: a move Txn may still land. Which parts of the
+/// checkpoint it wrote is not tracked, so how the peer stores the checkpoint is not known any
+/// more: the sync's record is then written in full.
+async fn settle_split(splitting: Option<Split>, state: &mut State) -> anyhow::Result<Option<String>> {
+    let Some(task) = splitting else { return Ok(None) };
+    let fenced = task.settle().await;
+    state.stored_checkpoint = crate::mirror::records::checkpoint::Stored::Unknown;
+    fenced
 }
 
 /// Waits for the batch Txns sent before a resync: they may still commit, and under this
