@@ -35,7 +35,7 @@ async fn main() -> anyhow::Result<()> {
     }
     // `aether-bench [scenario...]`: sync, catchup, steady, leases, keepalive, drain, operator, fanout, verify, mesh, scale,
     // wan (sync, catch-up and steady with the peer behind a 50 and a 150 ms proxy); all by default.
-    // `wan-steady` and `wan-catchup` (never by default) run only those rows of `wan`; `auth-1m` (never by
+    // `wan-sync`, `wan-catchup` and `wan-steady` (never by default) run only those rows of `wan`; `auth-1m` (never by
     // default) syncs 1M keys under least-privilege auth.
     // AETHER_BENCH_LOG (a tracing filter, e.g. `aether_operator=debug`): the workers' logs on
     // stderr, to see where a scenario's time goes.
@@ -89,6 +89,11 @@ async fn main() -> anyhow::Result<()> {
             bench_wan_sync(&mut table, rtt).await?;
             bench_catchup(&mut table, rtt).await?;
             bench_steady(&mut table, 0, rtt).await?;
+        }
+    }
+    if only.iter().any(|o| o == "wan-sync") {
+        for rtt in [Duration::from_millis(50), Duration::from_millis(150)] {
+            bench_wan_sync(&mut table, rtt).await?;
         }
     }
     if only.iter().any(|o| o == "wan-catchup") {
