@@ -117,21 +117,9 @@ async fn stale_copies(regions: &[Region], last_index: Option<usize>) -> usize {
     let mut stale = 0;
     for origin in regions {
         let k = key(&origin.name, i % ENDPOINTS_PER_REGION);
-        let want = origin
-            .client
-            .clone()
-            .get(k.as_str(), None)
-            .await
-            .ok()
-            .and_then(|r| r.kvs().first().map(|kv| kv.value().to_vec()));
+        let want = value_at(&origin.client, &k).await;
         for peer in regions.iter().filter(|p| p.name != origin.name) {
-            let got = peer
-                .client
-                .clone()
-                .get(k.as_str(), None)
-                .await
-                .ok()
-                .and_then(|r| r.kvs().first().map(|kv| kv.value().to_vec()));
+            let got = value_at(&peer.client, &k).await;
             if got != want {
                 stale += 1;
             }
@@ -259,4 +247,9 @@ impl Window {
             }),
         );
     }
+}
+
+/// The value of `key` on one region's etcd (None when absent or unreadable).
+async fn value_at(client: &Client, key: &str) -> Option<Vec<u8>> {
+    client.clone().get(key, None).await.ok().and_then(|r| r.kvs().first().map(|kv| kv.value().to_vec()))
 }

@@ -711,16 +711,7 @@ async fn the_chart_lints_validates_and_applies() {
     for namespace in [NAMESPACE, "a", "b"] {
         ensure_namespace(&client, namespace).await.unwrap();
     }
-    let stand_ins = dir.path().join("monitoring-crds.yaml");
-    std::fs::write(&stand_ins, MONITORING_STAND_INS).unwrap();
-    run(apiserver.kubectl().unwrap().args(["apply", "-f"]).arg(&stand_ins));
-    run(apiserver.kubectl().unwrap().args([
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/servicemonitors.monitoring.coreos.com",
-        "crd/prometheusrules.monitoring.coreos.com",
-    ]));
+    install_monitoring_stand_ins(&apiserver, dir.path());
 
     // No network here: built-in kinds are checked by the API server below, ours by kubeconform.
     // There is no schema of the Prometheus Operator's kinds offline, so kubeconform skips them
@@ -857,16 +848,7 @@ async fn a_release_installs_upgrades_and_uninstalls_leaving_nothing_behind() {
     let client = apiserver.client().await.unwrap();
     ensure_namespace(&client, NAMESPACE).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let stand_ins = dir.path().join("monitoring-crds.yaml");
-    std::fs::write(&stand_ins, MONITORING_STAND_INS).unwrap();
-    run(apiserver.kubectl().unwrap().args(["apply", "-f"]).arg(&stand_ins));
-    run(apiserver.kubectl().unwrap().args([
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd/servicemonitors.monitoring.coreos.com",
-        "crd/prometheusrules.monitoring.coreos.com",
-    ]));
+    install_monitoring_stand_ins(&apiserver, dir.path());
     let chart = repo("charts/aether-federation");
     let chart = chart.to_str().unwrap();
     let with_values = |args: &[&str], extra: &[&str]| -> Command {
@@ -1035,4 +1017,19 @@ async fn a_release_installs_upgrades_and_uninstalls_leaving_nothing_behind() {
     for crd in ["regionpeerings.federation.aether.dev", "registryschemas.federation.aether.dev"] {
         assert!(kubectl_ok(&apiserver, &["get", "crd", crd]).is_some(), "{crd}: the CRDs stay");
     }
+}
+
+/// The Prometheus Operator's CRDs (stand-ins) that the chart's ServiceMonitor and PrometheusRule
+/// need, applied and Established.
+fn install_monitoring_stand_ins(apiserver: &KubeApiserver, dir: &std::path::Path) {
+    let stand_ins = dir.join("monitoring-crds.yaml");
+    std::fs::write(&stand_ins, MONITORING_STAND_INS).unwrap();
+    run(apiserver.kubectl().unwrap().args(["apply", "-f"]).arg(&stand_ins));
+    run(apiserver.kubectl().unwrap().args([
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/servicemonitors.monitoring.coreos.com",
+        "crd/prometheusrules.monitoring.coreos.com",
+    ]));
 }

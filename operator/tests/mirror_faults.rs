@@ -13,24 +13,7 @@ use std::time::{Duration, Instant};
 use support::etcd::*;
 use tokio::sync::mpsc;
 
-const DEADLINE: Duration = Duration::from_secs(90);
-
-fn config(owner: &str) -> MirrorConfig {
-    let mut c = MirrorConfig::new("a", "b", owner);
-    c.lease_ttl_seconds = 6;
-    c.keepalive_interval = Duration::from_secs(2);
-    c.backoff_base = Duration::from_millis(50);
-    c.backoff_cap = Duration::from_secs(1);
-    c.rpc_timeout = Duration::from_secs(3);
-    c.acceptable_pause = Duration::from_secs(3);
-    c.progress_interval = Duration::from_millis(500);
-    c
-}
-
-fn start(config: MirrorConfig, local: EtcdTarget, peer: EtcdTarget) -> (MirrorHandle, mpsc::Receiver<MirrorEvent>) {
-    let (tx, rx) = mpsc::channel(4096);
-    (mirror::spawn(config, local, peer, tx), rx)
-}
+use support::mirror::{DEADLINE, fast_config as config, start};
 
 /// A worker mirroring `origin` into `peer`, both single servers, plain.
 fn start_between(
