@@ -25,6 +25,7 @@ use crate::operator::bench_operator;
 use crate::process::worker_process;
 use crate::sync::{bench_scale, bench_sync, bench_wan_sync};
 use crate::table::Table;
+use aether_harness::EtcdFlavor;
 use std::time::Duration;
 
 #[tokio::main]
@@ -57,11 +58,12 @@ async fn main() -> anyhow::Result<()> {
     }
     if want("leases") {
         bench_leases(&mut table).await?;
-        bench_auth_at_scale(&mut table, 100_000).await?;
+        bench_auth_at_scale(&mut table, 100_000, EtcdFlavor::Default).await?;
+        bench_auth_at_scale(&mut table, 100_000, EtcdFlavor::V3_4).await?;
     }
     // 1M keys under least-privilege auth: about ten minutes, only when asked.
     if only.iter().any(|o| o == "auth-1m") {
-        bench_auth_at_scale(&mut table, 1_000_000).await?;
+        bench_auth_at_scale(&mut table, 1_000_000, EtcdFlavor::Default).await?;
     }
     if want("keepalive") {
         keepalive::bench_keepalive(&mut table).await?;
