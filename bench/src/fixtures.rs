@@ -77,9 +77,11 @@ pub async fn count(c: &Client, prefix: &str) -> i64 {
 pub async fn wait_count(c: &Client, prefix: &str, n: usize, limit: Duration) -> Option<Duration> {
     let start = Instant::now();
     while start.elapsed() < limit {
-        if count(c, prefix).await >= n as i64 {
+        let got = count(c, prefix).await;
+        if got >= n as i64 {
             return Some(start.elapsed());
         }
+
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     None

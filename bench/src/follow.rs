@@ -44,6 +44,7 @@ pub async fn bench_catchup(table: &mut Table, rtt: Duration) -> anyhow::Result<(
             tokio::time::sleep(Duration::from_secs(1)).await; // let make-mirror start its watch
         }
         let before = handle.as_ref().map(|h| h.health());
+        let slow = SlowWatchers::sample(&origin);
         let start = Instant::now();
         futures::stream::iter(0..CATCHUP_REVISIONS)
             .map(|i| {
@@ -58,6 +59,7 @@ pub async fn bench_catchup(table: &mut Table, rtt: Duration) -> anyhow::Result<(
         let wrote = start.elapsed();
         let caught = wait_count(&pc, &prefix, CATCHUP_REVISIONS, MAKE_MIRROR_BUDGET * 3).await;
         let total = start.elapsed();
+        let unsynced = slow.stop().await;
         // What carried them: peer Txns (and so revisions per Txn) and the splits the growth made.
         let carried = match (&handle, before) {
             (Some(h), Some(before)) => {
@@ -77,7 +79,7 @@ pub async fn bench_catchup(table: &mut Table, rtt: Duration) -> anyhow::Result<(
             subject,
             format!("{:.2}s", total.as_secs_f64()),
             format!(
-                "origin wrote them in {:.2}s; ratio {:.2}{}{carried}",
+                "origin wrote them in {:.2}s; ratio {:.2}{}{carried}; {unsynced}",
                 wrote.as_secs_f64(),
                 total.as_secs_f64() / wrote.as_secs_f64(),
                 if caught.is_some() { "" } else { " (did not finish)" }
@@ -88,6 +90,56 @@ pub async fn bench_catchup(table: &mut Table, rtt: Duration) -> anyhow::Result<(
         }
     }
     Ok(())
+}
+
+/// etcd's gauge of watchers that fell behind the store (`slow_watcher_total`), sampled on the
+/// origin while a scenario runs. A watcher behind is served from the store at most 1,000
+/// revisions per 100 ms (etcd's `watchBatchMaxRevs` and `watchResyncPeriod`), whoever watches.
+struct SlowWatchers {
+    sampler: tokio::task::JoinHandle<Duration>,
+    stop: Arc<tokio::sync::Notify>,
+}
+
+impl SlowWatchers {
+    const EVERY: Duration = Duration::from_millis(50);
+
+    fn sample(origin: &EtcdServer) -> Self {
+        let port = origin.client_addr().port();
+        let stop = Arc::new(tokio::sync::Notify::new());
+        let stopped = stop.clone();
+        let sampler = tokio::spawn(async move {
+            let mut behind = Duration::ZERO;
+            loop {
+                let metrics = crate::operator::scrape(port).await;
+                let slow = metrics
+                    .lines()
+                    .find(|l| l.starts_with("etcd_debugging_mvcc_slow_watcher_total "))
+                    .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                    .unwrap_or(0.0);
+                if slow > 0.0 {
+                    behind += Self::EVERY;
+                }
+                tokio::select! {
+                    _ = stopped.notified() => return behind,
+                    _ = tokio::time::sleep(Self::EVERY) => {}
+                }
+            }
+        });
+        SlowWatchers { sampler, stop }
+    }
+
+    /// What the samples saw, for the table.
+    async fn stop(self) -> String {
+        self.stop.notify_one();
+        match self.sampler.await {
+            Ok(behind) if behind.is_zero() => "the origin's watch never fell behind".to_string(),
+            Ok(behind) => format!(
+                "the origin's watch was behind the store for {:.2}s (etcd then serves it 1,000 revisions per 100 ms)",
+                behind.as_secs_f64()
+            ),
+            Err(e) => format!("origin's metrics unread: {e}"),
+        }
+    }
 }
 
 /// New keys at a steady rate into a subtree that starts with `preload` keys (the shards split as

@@ -2,7 +2,7 @@
 //! fencing, faults, least privilege, and a randomized run. `AETHER_ETCD=3.4` runs it on 3.4.
 mod support;
 
-use aether_harness::{EtcdServer, wait_until};
+use aether_harness::{EtcdServer, FaultProxy, wait_until};
 use aether_operator::keys;
 use aether_operator::mirror::{self, EtcdTarget, MirrorConfig, MirrorEvent, MirrorHandle, Phase};
 use etcd_client::{Client, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions};
@@ -79,6 +79,37 @@ async fn wait_synced(handle: &MirrorHandle) {
         .await
         .unwrap_or_else(|_| panic!("not synced; health: {:?}", handle.health()))
         .expect("worker alive");
+}
+
+/// A burst that reaches the worker all at once (the origin's answers held on the way, then
+/// released) is read in runs, and no revision is lost between runs. Verification is off, so
+/// nothing else would bring a lost one back.
+#[tokio::test]
+async fn a_burst_arriving_at_once_is_applied_whole_with_verification_off() {
+    use futures::StreamExt;
+    let pair = pair().await;
+    let proxy = FaultProxy::start(pair.origin.client_addr()).await.expect("proxy starts");
+    let mut cfg = config("w1");
+    cfg.verify_interval = Duration::ZERO;
+    let (tx, _events) = mpsc::channel(1024);
+    let handle =
+        mirror::spawn(cfg, EtcdTarget::plain([proxy.endpoint("http")]), EtcdTarget::plain([pair.peer.endpoint()]), tx);
+    wait_synced(&handle).await;
+    // 5,000 single-key revisions (one watch response each) while the origin's answers are held.
+    proxy.set_blackhole(true);
+    let origin = client(&pair.origin).await;
+    let written: Vec<_> = futures::stream::iter(0..5_000)
+        .map(|i| {
+            let mut c = origin.clone();
+            async move { c.put(endpoint_key("a", i), endpoint_value("a", i, "burst"), None).await }
+        })
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    assert!(written.iter().all(Result::is_ok), "the origin took every write");
+    proxy.set_blackhole(false);
+    converged(&pair).await;
+    handle.shutdown().await;
 }
 
 /// The leases a worker's checkpoint names on the peer.

@@ -31,6 +31,19 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::{Notify, mpsc};
 use tracing::{debug, warn};
 
+/// Watch responses read in one go before the rest of the loop runs again.
+const WATCH_DRAIN_RESPONSES: usize = 1024;
+
+/// The output of `future` if it is ready now, or None. Polled with this task's waker, so that
+/// what arrives later wakes the task (`now_or_never` would leave a waker that wakes nobody).
+async fn if_ready<F: std::future::Future>(future: F) -> Option<F::Output> {
+    tokio::select! {
+        biased;
+        output = future => Some(output),
+        () = std::future::ready(()) => None,
+    }
+}
+
 /// How a watch ended without an error.
 pub(in crate::mirror) enum WatchEnd {
     Shutdown,
@@ -245,80 +258,99 @@ impl Worker {
                 }
                 // A fragmented response is read to its end even past the bounds: nothing can be
                 // applied before it is complete.
-                message = stream.message(), if room || fragment_open => {
-                    let Some(response) = message.context("watching the origin")? else {
-                        anyhow::bail!("the origin closed the watch");
-                    };
-                    last_message = Instant::now();
-                    if response.canceled() {
-                        if response.compact_revision() > 0 {
-                            warn!(compacted = response.compact_revision(), needed = state.applied + 1, "origin compacted past the mirror's revision");
-                            settle_inflight(std::mem::take(&mut inflight)).await?;
-                            if let Some(by) = settle_writers(splitting.take(), recording.take(), state).await? {
-                                return Ok(WatchEnd::Fenced(by));
+                first = stream.message(), if room || fragment_open => {
+                    // Whatever else has arrived is read at once, within the bounds: a watcher
+                    // that etcd cannot hand its responses to (128 of them) falls behind, and etcd
+                    // then serves it from history at 1,000 revisions per 100 ms until it is
+                    // back at the head.
+                    let mut message = first;
+                    let mut seen = 0;
+                    let mut read = 0;
+                    loop {
+                        read += 1;
+                        let Some(response) = message.context("watching the origin")? else {
+                            anyhow::bail!("the origin closed the watch");
+                        };
+                        last_message = Instant::now();
+                        if response.canceled() {
+                            if response.compact_revision() > 0 {
+                                warn!(compacted = response.compact_revision(), needed = state.applied + 1, "origin compacted past the mirror's revision");
+                                settle_inflight(std::mem::take(&mut inflight)).await?;
+                                if let Some(by) = settle_writers(splitting.take(), recording.take(), state).await? {
+                                    return Ok(WatchEnd::Fenced(by));
+                                }
+                                return Ok(WatchEnd::Resync(ResyncCause::Compacted));
                             }
-                            return Ok(WatchEnd::Resync(ResyncCause::Compacted));
+                            anyhow::bail!("the origin cancelled the watch: {}", response.cancel_reason());
                         }
-                        anyhow::bail!("the origin cancelled the watch: {}", response.cancel_reason());
+                        fragment_open = response.0.fragment;
+                        let header_revision = response.header().map(|h| h.revision()).unwrap_or(0);
+                        if response.events().is_empty() {
+                            // A progress notification: every event up to this revision was sent.
+                            if !response.created() {
+                                progress_revision = progress_revision.max(header_revision);
+                            }
+                        } else {
+                            let received = SystemTime::now();
+                            let mut newest = 0;
+                            let (mut found, mut fixed) = (Vec::new(), Vec::new());
+                            for event in response.events() {
+                                let Some(kv) = event.kv() else { continue };
+                                let revision = kv.mod_revision();
+                                newest = revision;
+                                let shard = state.layout.shard_of(kv.key());
+                                let (op, delta) = match event.event_type() {
+                                    // Version 1: the key was created (or re-created) at this revision.
+                                    EventType::Put => (
+                                        MirrorOp::Put { key: kv.key().to_vec(), value: kv.value().to_vec(), shard },
+                                        i64::from(kv.version() == 1),
+                                    ),
+                                    EventType::Delete => (MirrorOp::Delete { key: kv.key().to_vec() }, -1),
+                                };
+                                let (op, too_large) =
+                                    enforce_request_limit(op, self.config.max_request_bytes, RESERVED_REQUEST_BYTES);
+                                match too_large {
+                                    Some(o) => found.push(o),
+                                    None if state.oversized.contains_key(String::from_utf8_lossy(kv.key()).as_ref()) => {
+                                        fixed.push(String::from_utf8_lossy(kv.key()).into_owned());
+                                    }
+                                    None => {}
+                                }
+                                let bytes = op.wire_size();
+                                pending_ops += 1;
+                                pending_bytes += bytes;
+                                match pending.back_mut() {
+                                    Some(last) if last.revision == revision => {
+                                        last.ops.push(op);
+                                        let meta = pending_meta.back_mut().expect("parallel to pending");
+                                        meta.deltas.push((shard, delta));
+                                        meta.bytes += bytes;
+                                    }
+                                    _ => {
+                                        pending.push_back(Revision { revision, ops: vec![op] });
+                                        pending_meta.push_back(RevisionMeta { deltas: vec![(shard, delta)], bytes, received });
+                                    }
+                                }
+                            }
+                            if !found.is_empty() || !fixed.is_empty() {
+                                self.report_oversized(state, found, fixed);
+                            }
+                            seen = seen.max(newest);
+                        }
+                        let room = pending_ops < self.config.max_pending_ops && pending_bytes < self.config.max_pending_bytes;
+                        if read >= WATCH_DRAIN_RESPONSES || !(room || fragment_open) {
+                            break;
+                        }
+                        match if_ready(stream.message()).await {
+                            Some(next) => message = next,
+                            None => break,
+                        }
                     }
-                    fragment_open = response.0.fragment;
-                    let header_revision = response.header().map(|h| h.revision()).unwrap_or(0);
-                    if response.events().is_empty() {
-                        // A progress notification: every event up to this revision was sent.
-                        if !response.created() {
-                            progress_revision = progress_revision.max(header_revision);
-                        }
-                    } else {
-                        let received = SystemTime::now();
-                        let mut newest = 0;
-                        let (mut found, mut fixed) = (Vec::new(), Vec::new());
-                        for event in response.events() {
-                            let Some(kv) = event.kv() else { continue };
-                            let revision = kv.mod_revision();
-                            newest = revision;
-                            let shard = state.layout.shard_of(kv.key());
-                            let (op, delta) = match event.event_type() {
-                                // Version 1: the key was created (or re-created) at this revision.
-                                EventType::Put => (
-                                    MirrorOp::Put { key: kv.key().to_vec(), value: kv.value().to_vec(), shard },
-                                    i64::from(kv.version() == 1),
-                                ),
-                                EventType::Delete => (MirrorOp::Delete { key: kv.key().to_vec() }, -1),
-                            };
-                            let (op, too_large) =
-                                enforce_request_limit(op, self.config.max_request_bytes, RESERVED_REQUEST_BYTES);
-                            match too_large {
-                                Some(o) => found.push(o),
-                                None if state.oversized.contains_key(String::from_utf8_lossy(kv.key()).as_ref()) => {
-                                    fixed.push(String::from_utf8_lossy(kv.key()).into_owned());
-                                }
-                                None => {}
-                            }
-                            let bytes = op.wire_size();
-                            pending_ops += 1;
-                            pending_bytes += bytes;
-                            match pending.back_mut() {
-                                Some(last) if last.revision == revision => {
-                                    last.ops.push(op);
-                                    let meta = pending_meta.back_mut().expect("parallel to pending");
-                                    meta.deltas.push((shard, delta));
-                                    meta.bytes += bytes;
-                                }
-                                _ => {
-                                    pending.push_back(Revision { revision, ops: vec![op] });
-                                    pending_meta.push_back(RevisionMeta { deltas: vec![(shard, delta)], bytes, received });
-                                }
-                            }
-                        }
-                        if !found.is_empty() || !fixed.is_empty() {
-                            self.report_oversized(state, found, fixed);
-                        }
-                        let oldest_pending = pending_meta.front().map(|m| m.received);
-                        self.shared.update(|h| {
-                            h.last_seen_revision = h.last_seen_revision.max(newest);
-                            h.pending_since = oldest_pending;
-                        });
-                    }
+                    let oldest_pending = pending_meta.front().map(|m| m.received);
+                    self.shared.update(|h| {
+                        h.last_seen_revision = h.last_seen_revision.max(seen);
+                        h.pending_since = oldest_pending;
+                    });
                 }
                 _ = finished.notified(), if !inflight.is_empty() => {}
                 done = async { recording.as_mut().expect("guarded").await }, if recording.is_some() => {
