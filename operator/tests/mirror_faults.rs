@@ -267,6 +267,44 @@ async fn a_least_privilege_user_over_mtls_mirrors_into_a_three_member_peer() {
     handle.shutdown().await;
 }
 
+/// Production's shape across an ocean: a three-member peer over mTLS, a non-root user, every
+/// member 150 ms away. The sync spreads its Txns over connections of their own (each one
+/// authenticated), and the copy is whole.
+#[tokio::test]
+async fn a_least_privilege_user_over_mtls_syncs_into_a_peer_150ms_away_over_several_connections() {
+    let (origin, peer) =
+        tokio::try_join!(EtcdServer::start("a"), EtcdCluster::start_with("b", ClusterOptions::new(3).with_tls()))
+            .unwrap();
+    let mut o = connect(&[origin.endpoint()], None).await;
+    write_keys(&mut o, "a", 0..5000, "v1").await;
+    let root_tls = tls_for(&peer, "root");
+    let mut admin =
+        connect(&peer.endpoints(), Some(etcd_client::ConnectOptions::new().with_tls(root_tls.clone()))).await;
+    enable_auth_with_mirror_user(&mut admin, "a", "mirrorpw").await;
+    let mut proxies = Vec::new();
+    for member in peer.members() {
+        let proxy = FaultProxy::start(member.client_addr()).await.unwrap();
+        proxy.set_rtt(Duration::from_millis(150));
+        proxies.push(proxy);
+    }
+    let far: Vec<String> = proxies.iter().map(|p| p.endpoint("https")).collect();
+    let peer_target = EtcdTarget::plain(far).with_tls(tls_for(&peer, "mirror-a")).with_user("mirror-a", "mirrorpw");
+    let (handle, _e) = start(config("w1"), EtcdTarget::plain([origin.endpoint()]), peer_target);
+    let root = connect(
+        &peer.endpoints(),
+        Some(etcd_client::ConnectOptions::new().with_tls(root_tls).with_user("root", "rootpw")),
+    )
+    .await;
+    converged(&o, &root, "a", DEADLINE).await;
+    wait_health(&handle, "synced", |h| h.synced).await;
+    let spread = handle.health().sync_connections;
+    assert!(spread > 1, "the sync went over {spread} connection(s)");
+    write_keys(&mut o, "a", 2500..6000, "v2").await;
+    converged(&o, &root, "a", DEADLINE).await;
+    assert_eq!(handle.health().resyncs, 0, "no resync");
+    handle.shutdown().await;
+}
+
 /// An origin holding `keys` endpoint keys (version "v1") and a peer reached through a fault proxy
 /// `rtt` away.
 async fn origin_and_far_peer(rtt: Duration, keys: usize) -> (EtcdServer, EtcdServer, FaultProxy, Client) {

@@ -111,11 +111,22 @@ impl EtcdTarget {
     /// problem, when none does.
     pub async fn connect(&self) -> Result<Client, ConnectError> {
         let healthy: Vec<String> = self.probe_members().await?.into_iter().map(|m| m.endpoint).collect();
+        self.connect_members(&healthy).await
+    }
+
+    /// `n` clients, each over its own connections to the members that answer now (probed once):
+    /// requests spread over them are not held to one connection's flow-control window.
+    pub async fn connect_many(&self, n: usize) -> Result<Vec<Client>, ConnectError> {
+        let healthy: Vec<String> = self.probe_members().await?.into_iter().map(|m| m.endpoint).collect();
+        futures::future::try_join_all((0..n).map(|_| self.connect_members(&healthy))).await
+    }
+
+    async fn connect_members(&self, members: &[String]) -> Result<Client, ConnectError> {
         let mut options = self.base_options();
         if let Some((user, password)) = &self.user {
             options = options.with_user(user.clone(), password.clone());
         }
-        Client::connect(&healthy, Some(options)).await.map_err(|e| self.failed(&e, None))
+        Client::connect(members, Some(options)).await.map_err(|e| self.failed(&e, None))
     }
 
     /// A connection error of one classified failure.

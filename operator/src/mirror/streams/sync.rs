@@ -12,7 +12,7 @@ use crate::mirror::health::{MirrorEvent, Phase, ResyncCause};
 use crate::mirror::leases::shards::{Layout, needs_reshard, shard_count};
 use crate::mirror::plan::{
     Kv, MAX_SYNC_INFLIGHT_BYTES, MirrorOp, SYNC_GROUP_BYTES, SyncBatcher, distance, enforce_request_limit,
-    group_by_shard, merge_step, next_page_limit, sync_window,
+    group_by_shard, merge_step, next_page_limit, sync_connections, sync_window,
 };
 use crate::mirror::streams::apply::Applied;
 use crate::mirror::target::kv;
@@ -75,16 +75,30 @@ impl Worker {
         if state.layout.len() != state.leases.len() {
             state.layout = Layout::uniform(state.leases.len());
         }
-        // The peer's distance sizes the window; measured while the layout is granted and
-        // recorded (its status calls write nothing), not in three more round trips after.
+        // The peer's distance sizes the window, and across distance the Txns spread over
+        // connections of their own: measured and opened while the layout is granted and recorded
+        // (the status calls write nothing), not in more round trips after.
         let (measure_local, measure_peer) = (local.clone(), peer.clone());
-        let (distance, laid_out) =
-            tokio::join!(self.peer_distance(&measure_local, &measure_peer), self.lay_out(peer, state, epoch, cause));
+        let spread = async {
+            let distance = self.peer_distance(&measure_local, &measure_peer).await;
+            let window = sync_window(self.config.sync_parallelism, distance);
+            let wanted = sync_connections(self.config.sync_parallelism, window);
+            (window, self.more_connections(wanted - 1).await)
+        };
+        // The peer's first page too: only this session writes the peer's copy now.
+        let mut peer_largest = 0usize;
+        let first_peer_page =
+            self.page_of(self.config.page_size, peer, prefix.as_bytes(), &range_end, None, &mut peer_largest);
+        let ((window, more), laid_out, first_peer_page) =
+            tokio::join!(spread, self.lay_out(peer, state, epoch, cause), first_peer_page);
         if let Some(by) = laid_out? {
             return Ok(Some(by));
         }
+        let connections: Vec<Client> = std::iter::once(peer.clone()).chain(more).collect();
+        let spread_over = connections.len();
+        self.shared.update(|h| h.sync_connections = spread_over);
+        let mut sent = 0usize;
 
-        let window = sync_window(self.config.sync_parallelism, distance);
         let shards = state.leases.len();
         let layout = state.layout.clone();
         let leases = state.leases.clone();
@@ -95,7 +109,8 @@ impl Worker {
         let (mut origin_buf, mut peer_buf) = (VecDeque::new(), VecDeque::new());
         let (mut origin_cursor, mut peer_cursor) = (prefix.clone().into_bytes(), prefix.clone().into_bytes());
         let (mut origin_done, mut peer_done) = (false, false);
-        let (mut origin_largest, mut peer_largest) = (0usize, 0usize);
+        let mut origin_largest = 0usize;
+        let mut next_peer_page = Some(first_peer_page);
         let mut ops = Vec::new();
         let (mut staged, mut staged_bytes) = (Vec::new(), 0usize);
         let mut oversized = Vec::new();
@@ -122,9 +137,13 @@ impl Worker {
                 }
             }
             if peer_buf.is_empty() && !peer_done {
-                let page = self
-                    .page_of(self.config.page_size, peer, &peer_cursor, &range_end, None, &mut peer_largest)
-                    .await?;
+                let page = match next_peer_page.take() {
+                    Some(read) => read?,
+                    None => {
+                        self.page_of(self.config.page_size, peer, &peer_cursor, &range_end, None, &mut peer_largest)
+                            .await?
+                    }
+                };
                 self.shared.detector_success();
                 peer_done = !page.more();
                 peer_buf.extend(page_kvs(page));
@@ -172,7 +191,8 @@ impl Worker {
                         }
                     }
                     inflight_bytes += bytes;
-                    let apply = self.apply(peer, epoch, batch, &leases, Vec::new());
+                    let apply = self.apply(&connections[sent % connections.len()], epoch, batch, &leases, Vec::new());
+                    sent += 1;
                     inflight.push(with_bytes(apply, bytes));
                     // A Txn in the set is sent only once the set is polled: poll it now, not once
                     // the window is full (across distance, 42 batches would wait for a 43rd).
@@ -317,17 +337,40 @@ impl Worker {
     /// calls taken in turn, so that a busy machine, which slows both, is not taken for distance
     /// (None if the peer never answered).
     pub(in crate::mirror) async fn peer_distance(&self, local: &Client, peer: &Client) -> Option<std::time::Duration> {
-        let (mut peer_best, mut local_best) = (None, None);
-        for _ in 0..3 {
-            for (client, best) in [(peer, &mut peer_best), (local, &mut local_best)] {
+        // Three of each at once: one round trip, not three.
+        let (peer_best, local_best) = tokio::join!(self.fastest_round_trip(peer), self.fastest_round_trip(local));
+        distance(peer_best, local_best)
+    }
+
+    /// The fastest of three status calls made at once (None when none answered).
+    async fn fastest_round_trip(&self, client: &Client) -> Option<std::time::Duration> {
+        let calls = (0..3).map(|_| {
+            let mut client = client.clone();
+            async move {
                 let started = std::time::Instant::now();
-                if self.rpc("measure a round trip", client.clone().status()).await.is_ok() {
-                    let took = started.elapsed();
-                    *best = Some(best.map_or(took, |b: std::time::Duration| b.min(took)));
-                }
+                self.rpc("measure a round trip", client.status()).await.ok().map(|_| started.elapsed())
+            }
+        });
+        futures::future::join_all(calls).await.into_iter().flatten().min()
+    }
+
+    /// `n` more clients of the peer, each over its own connections (see `sync_connections`).
+    /// Without them the sync goes over the session's connection alone, only slower.
+    async fn more_connections(&self, n: usize) -> Vec<Client> {
+        if n == 0 {
+            return Vec::new();
+        }
+        match tokio::time::timeout(self.config.rpc_timeout, self.peer.connect_many(n)).await {
+            Ok(Ok(clients)) => clients,
+            Ok(Err(e)) => {
+                debug!(error = %e, "the sync goes over the session's connection alone");
+                Vec::new()
+            }
+            Err(_) => {
+                debug!("the sync goes over the session's connection alone: more connections took too long");
+                Vec::new()
             }
         }
-        distance(peer_best, local_best)
     }
 
     /// Grants a lease for `shard`; its id, and when it was asked for (its TTL runs from then).
