@@ -131,6 +131,7 @@ pub async fn bench_wan_sync(table: &mut Table, rtt: Duration) -> anyhow::Result<
         let landing = Landing::sample(Client::connect([peer.endpoint()], None).await?, prefix.clone(), SYNC_KEYS);
         let finished = wait_synced(&h, Duration::from_secs(600)).await.is_ok();
         let elapsed = start.elapsed();
+        let connections = h.health().sync_connections;
         h.shutdown().await;
         let (first, copy_rate) = landing.stop(SYNC_KEYS);
         let done = count(&Client::connect([peer.endpoint()], None).await?, &prefix).await;
@@ -147,7 +148,7 @@ pub async fn bench_wan_sync(table: &mut Table, rtt: Duration) -> anyhow::Result<
             "this mirror (in process)",
             format!("{:.0} keys/s", rates.last().copied().unwrap_or(0.0)),
             format!(
-                "{:.2}s{}{vs}; first key after {:.2}s, then {copy_rate:.0} keys/s (10-90 %), window {} Txns",
+                "{:.2}s{}{vs}; first key after {:.2}s, then {copy_rate:.0} keys/s (10-90 %), window {} Txns over {connections} connection(s)",
                 elapsed.as_secs_f64(),
                 if finished { "" } else { " (did not finish)" },
                 setup.as_secs_f64(),
@@ -156,6 +157,7 @@ pub async fn bench_wan_sync(table: &mut Table, rtt: Duration) -> anyhow::Result<
             serde_json::json!({
                 "keys": SYNC_KEYS, "rtt_ms": delay.as_millis() as u64, "seconds": elapsed.as_secs_f64(),
                 "missing": SYNC_KEYS as i64 - done, "first_key_s": setup.as_secs_f64(), "copy_keys_per_s": copy_rate,
+                "connections": connections,
             }),
         );
     }
