@@ -82,15 +82,21 @@ impl Worker {
         let spread = async {
             let distance = self.peer_distance(&measure_local, &measure_peer).await;
             let window = sync_window(self.config.sync_parallelism, distance);
-            let wanted = sync_connections(self.config.sync_parallelism, window);
+            let wanted = sync_connections(distance, window);
             (window, self.more_connections(wanted - 1).await)
         };
-        // The peer's first page too: only this session writes the peer's copy now.
+        // The peer's first page too (only this session writes the peer's copy now), and the
+        // origin's first pages: under auth a group's worth, which the sync holds back anyway to
+        // group it by lease (at 20k keys the grants took 55 ms and that read 73 ms, one after
+        // the other).
         let mut peer_largest = 0usize;
         let first_peer_page =
             self.page_of(self.config.page_size, peer, prefix.as_bytes(), &range_end, None, &mut peer_largest);
-        let ((window, more), laid_out, first_peer_page) =
-            tokio::join!(spread, self.lay_out(peer, state, epoch, cause), first_peer_page);
+        let mut origin_pages = OriginPages { cursor: prefix.clone().into_bytes(), done: false, largest: 0 };
+        let ahead = if state.auth_binds { SYNC_GROUP_BYTES } else { 0 };
+        let read_ahead = self.read_ahead(local, &mut origin_pages, &range_end, revision, ahead);
+        let ((window, more), laid_out, first_peer_page, read_ahead) =
+            tokio::join!(spread, self.lay_out(peer, state, epoch, cause), first_peer_page, read_ahead);
         if let Some(by) = laid_out? {
             return Ok(Some(by));
         }
@@ -106,35 +112,25 @@ impl Worker {
         let mut counts = vec![0i64; shards];
         let mut inflight = FuturesUnordered::new();
         let mut inflight_bytes = 0usize;
-        let (mut origin_buf, mut peer_buf) = (VecDeque::new(), VecDeque::new());
-        let (mut origin_cursor, mut peer_cursor) = (prefix.clone().into_bytes(), prefix.clone().into_bytes());
-        let (mut origin_done, mut peer_done) = (false, false);
-        let mut origin_largest = 0usize;
+        let mut origin_buf: VecDeque<Kv> = read_ahead?.into();
+        for kv in &origin_buf {
+            counts[layout.shard_of(&kv.key)] += 1;
+        }
+        let mut peer_buf = VecDeque::new();
+        let mut peer_cursor = prefix.clone().into_bytes();
+        let mut peer_done = false;
         let mut next_peer_page = Some(first_peer_page);
         let mut ops = Vec::new();
         let (mut staged, mut staged_bytes) = (Vec::new(), 0usize);
         let mut oversized = Vec::new();
 
         loop {
-            if origin_buf.is_empty() && !origin_done {
-                let page = self
-                    .page_of(
-                        self.config.page_size,
-                        local,
-                        &origin_cursor,
-                        &range_end,
-                        Some(revision),
-                        &mut origin_largest,
-                    )
-                    .await?;
-                origin_done = !page.more();
-                for kv in page.kvs() {
-                    counts[layout.shard_of(kv.key())] += 1;
+            if origin_buf.is_empty() && !origin_pages.done {
+                let page = self.origin_page(local, &mut origin_pages, &range_end, revision).await?;
+                for kv in &page {
+                    counts[layout.shard_of(&kv.key)] += 1;
                 }
-                origin_buf.extend(page_kvs(page));
-                if let Some(last) = origin_buf.back() {
-                    origin_cursor = next_key(&last.key);
-                }
+                origin_buf.extend(page);
             }
             if peer_buf.is_empty() && !peer_done {
                 let page = match next_peer_page.take() {
@@ -153,7 +149,7 @@ impl Worker {
             }
             merge_step(
                 &mut origin_buf,
-                origin_done,
+                origin_pages.done,
                 &mut peer_buf,
                 peer_done,
                 |key| layout.shard_of(key),
@@ -169,7 +165,7 @@ impl Worker {
                 staged_bytes += op.wire_size();
                 staged.push(op);
             }
-            let read_all = origin_done && peer_done && origin_buf.is_empty() && peer_buf.is_empty();
+            let read_all = origin_pages.done && peer_done && origin_buf.is_empty() && peer_buf.is_empty();
             // Under auth, ops wait to be grouped by lease (see `group_by_shard`).
             if state.auth_binds && staged_bytes < SYNC_GROUP_BYTES && !read_all {
                 continue;
@@ -342,6 +338,45 @@ impl Worker {
         distance(peer_best, local_best)
     }
 
+    /// The origin's next page at the sync's revision.
+    async fn origin_page(
+        &self,
+        local: &Client,
+        pages: &mut OriginPages,
+        range_end: &[u8],
+        revision: i64,
+    ) -> anyhow::Result<Vec<Kv>> {
+        let page = self
+            .page_of(self.config.page_size, local, &pages.cursor, range_end, Some(revision), &mut pages.largest)
+            .await?;
+        pages.done = !page.more();
+        let kvs: Vec<Kv> = page_kvs(page).collect();
+        if let Some(last) = kvs.last() {
+            pages.cursor = next_key(&last.key);
+        }
+        Ok(kvs)
+    }
+
+    /// The origin's first pages, at least one, until they hold `bytes`.
+    async fn read_ahead(
+        &self,
+        local: &Client,
+        pages: &mut OriginPages,
+        range_end: &[u8],
+        revision: i64,
+        bytes: usize,
+    ) -> anyhow::Result<Vec<Kv>> {
+        let (mut read, mut held) = (Vec::new(), 0usize);
+        loop {
+            let page = self.origin_page(local, pages, range_end, revision).await?;
+            held += page.iter().map(|kv| kv.key.len() + kv.value.len()).sum::<usize>();
+            read.extend(page);
+            if pages.done || held >= bytes {
+                return Ok(read);
+            }
+        }
+    }
+
     /// The fastest of three status calls made at once (None when none answered).
     async fn fastest_round_trip(&self, client: &Client) -> Option<std::time::Duration> {
         let calls = (0..3).map(|_| {
@@ -387,6 +422,14 @@ impl Worker {
         let options = (lease != 0).then(|| PutOptions::new().with_lease(lease));
         TxnOp::put(keys::canary_key(&self.config.origin), value.to_string(), options)
     }
+}
+
+/// Where the sync's read of the origin has got to.
+struct OriginPages {
+    cursor: Vec<u8>,
+    done: bool,
+    /// The largest key-value seen so far (pages shrink to stay decodable).
+    largest: usize,
 }
 
 /// A batch Txn with the bytes it carries, released from the in-flight budget when it lands.
