@@ -172,15 +172,21 @@ impl EtcdServer {
         Ok(())
     }
 
-    /// Waits until the server says it is healthy (a member: once its cluster has a leader).
+    /// Waits until the server says it is healthy (a member: once its cluster has a leader). The
+    /// answer counts only once this server has written its member directory, which etcd does
+    /// after binding its listeners: a port taken by another test's etcd in the meantime would
+    /// otherwise answer for it while this one exits on the failed bind.
     pub(crate) async fn wait_serving(&mut self) -> anyhow::Result<()> {
         let port = self.metrics_port;
+        let member_dir = self.data_dir().join("member");
         let process = self.process.as_mut().ok_or_else(|| anyhow::anyhow!("etcd {} is not running", self.name))?;
         wait_until(&format!("etcd {}", self.name), crate::STARTUP_DEADLINE, || {
             let running = process.check_running();
+            let bound = member_dir.exists();
             async move {
                 running?;
-                Ok(http_get(port, "/health?exclude=NOSPACE").is_some_and(|b| b.contains("\"health\":\"true\"")))
+                Ok(bound
+                    && http_get(port, "/health?exclude=NOSPACE").is_some_and(|b| b.contains("\"health\":\"true\"")))
             }
         })
         .await
