@@ -220,24 +220,10 @@ async fn a_value_larger_than_the_peer_accepts_is_reported_and_the_rest_flows() {
 
 #[tokio::test]
 async fn a_least_privilege_user_over_mtls_mirrors_into_a_three_member_peer() {
-    let (origin, peer) =
-        tokio::try_join!(EtcdServer::start("a"), EtcdCluster::start_with("b", ClusterOptions::new(3).with_tls()))
-            .unwrap();
-    let mut o = connect(&[origin.endpoint()], None).await;
-    write_keys(&mut o, "a", 0..1000, "v1").await;
-    let root_tls = tls_for(&peer, "root");
-    let mut admin =
-        connect(&peer.endpoints(), Some(etcd_client::ConnectOptions::new().with_tls(root_tls.clone()))).await;
-    enable_auth_with_mirror_user(&mut admin, "a", "mirrorpw").await;
-
+    let MtlsPeer { origin, peer, mut o, root } = mtls_peer_with_mirror_user(1000).await;
     let peer_target =
         EtcdTarget::plain(peer.endpoints()).with_tls(tls_for(&peer, "mirror-a")).with_user("mirror-a", "mirrorpw");
     let (handle, _e) = start(config("w1"), EtcdTarget::plain([origin.endpoint()]), peer_target.clone());
-    let root = connect(
-        &peer.endpoints(),
-        Some(etcd_client::ConnectOptions::new().with_tls(root_tls).with_user("root", "rootpw")),
-    )
-    .await;
     converged(&o, &root, "a", DEADLINE).await;
     // etcd checks a put's lease against the keys already on it before the Txn: the sync fills
     // each lease in one Txn (two where a Txn ends amid its keys), not a key per Txn.
@@ -272,15 +258,7 @@ async fn a_least_privilege_user_over_mtls_mirrors_into_a_three_member_peer() {
 /// authenticated), and the copy is whole.
 #[tokio::test]
 async fn a_least_privilege_user_over_mtls_syncs_into_a_peer_150ms_away_over_several_connections() {
-    let (origin, peer) =
-        tokio::try_join!(EtcdServer::start("a"), EtcdCluster::start_with("b", ClusterOptions::new(3).with_tls()))
-            .unwrap();
-    let mut o = connect(&[origin.endpoint()], None).await;
-    write_keys(&mut o, "a", 0..5000, "v1").await;
-    let root_tls = tls_for(&peer, "root");
-    let mut admin =
-        connect(&peer.endpoints(), Some(etcd_client::ConnectOptions::new().with_tls(root_tls.clone()))).await;
-    enable_auth_with_mirror_user(&mut admin, "a", "mirrorpw").await;
+    let MtlsPeer { origin, peer, mut o, root } = mtls_peer_with_mirror_user(5000).await;
     let mut proxies = Vec::new();
     for member in peer.members() {
         let proxy = FaultProxy::start(member.client_addr()).await.unwrap();
@@ -290,11 +268,6 @@ async fn a_least_privilege_user_over_mtls_syncs_into_a_peer_150ms_away_over_seve
     let far: Vec<String> = proxies.iter().map(|p| p.endpoint("https")).collect();
     let peer_target = EtcdTarget::plain(far).with_tls(tls_for(&peer, "mirror-a")).with_user("mirror-a", "mirrorpw");
     let (handle, _e) = start(config("w1"), EtcdTarget::plain([origin.endpoint()]), peer_target);
-    let root = connect(
-        &peer.endpoints(),
-        Some(etcd_client::ConnectOptions::new().with_tls(root_tls).with_user("root", "rootpw")),
-    )
-    .await;
     converged(&o, &root, "a", DEADLINE).await;
     wait_health(&handle, "synced", |h| h.synced).await;
     let spread = handle.health().sync_connections;
@@ -303,6 +276,34 @@ async fn a_least_privilege_user_over_mtls_syncs_into_a_peer_150ms_away_over_seve
     converged(&o, &root, "a", DEADLINE).await;
     assert_eq!(handle.health().resyncs, 0, "no resync");
     handle.shutdown().await;
+}
+
+/// An origin holding endpoint keys and a three-member peer over mTLS with auth on, where the
+/// least-privilege user `mirror-a` (password `mirrorpw`) may write the origin's subtree; `root`
+/// reads the peer as root.
+struct MtlsPeer {
+    origin: EtcdServer,
+    peer: EtcdCluster,
+    o: Client,
+    root: Client,
+}
+
+async fn mtls_peer_with_mirror_user(keys: usize) -> MtlsPeer {
+    let (origin, peer) =
+        tokio::try_join!(EtcdServer::start("a"), EtcdCluster::start_with("b", ClusterOptions::new(3).with_tls()))
+            .unwrap();
+    let mut o = connect(&[origin.endpoint()], None).await;
+    write_keys(&mut o, "a", 0..keys, "v1").await;
+    let root_tls = tls_for(&peer, "root");
+    let mut admin =
+        connect(&peer.endpoints(), Some(etcd_client::ConnectOptions::new().with_tls(root_tls.clone()))).await;
+    enable_auth_with_mirror_user(&mut admin, "a", "mirrorpw").await;
+    let root = connect(
+        &peer.endpoints(),
+        Some(etcd_client::ConnectOptions::new().with_tls(root_tls).with_user("root", "rootpw")),
+    )
+    .await;
+    MtlsPeer { origin, peer, o, root }
 }
 
 /// An origin holding `keys` endpoint keys (version "v1") and a peer reached through a fault proxy
