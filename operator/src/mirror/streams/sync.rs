@@ -89,12 +89,11 @@ impl Worker {
         // origin's first pages: under auth a group's worth, which the sync holds back anyway to
         // group it by lease (at 20k keys the grants took 55 ms and that read 73 ms, one after
         // the other).
-        let mut peer_largest = 0usize;
-        let first_peer_page =
-            self.page_of(self.config.page_size, peer, prefix.as_bytes(), &range_end, None, &mut peer_largest);
-        let mut origin_pages = OriginPages { cursor: prefix.clone().into_bytes(), done: false, largest: 0 };
+        let mut peer_pages = Pages::from(&prefix, None);
+        let first_peer_page = self.next_page(peer, &mut peer_pages, &range_end);
+        let mut origin_pages = Pages::from(&prefix, Some(revision));
         let ahead = if state.auth_binds { SYNC_GROUP_BYTES } else { 0 };
-        let read_ahead = self.read_ahead(local, &mut origin_pages, &range_end, revision, ahead);
+        let read_ahead = self.read_ahead(local, &mut origin_pages, &range_end, ahead);
         let ((window, more), laid_out, first_peer_page, read_ahead) =
             tokio::join!(spread, self.lay_out(peer, state, epoch, cause), first_peer_page, read_ahead);
         if let Some(by) = laid_out? {
@@ -117,8 +116,6 @@ impl Worker {
             counts[layout.shard_of(&kv.key)] += 1;
         }
         let mut peer_buf = VecDeque::new();
-        let mut peer_cursor = prefix.clone().into_bytes();
-        let mut peer_done = false;
         let mut next_peer_page = Some(first_peer_page);
         let mut ops = Vec::new();
         let (mut staged, mut staged_bytes) = (Vec::new(), 0usize);
@@ -126,32 +123,25 @@ impl Worker {
 
         loop {
             if origin_buf.is_empty() && !origin_pages.done {
-                let page = self.origin_page(local, &mut origin_pages, &range_end, revision).await?;
+                let page = self.next_page(local, &mut origin_pages, &range_end).await?;
                 for kv in &page {
                     counts[layout.shard_of(&kv.key)] += 1;
                 }
                 origin_buf.extend(page);
             }
-            if peer_buf.is_empty() && !peer_done {
+            if peer_buf.is_empty() && !peer_pages.done {
                 let page = match next_peer_page.take() {
                     Some(read) => read?,
-                    None => {
-                        self.page_of(self.config.page_size, peer, &peer_cursor, &range_end, None, &mut peer_largest)
-                            .await?
-                    }
+                    None => self.next_page(peer, &mut peer_pages, &range_end).await?,
                 };
                 self.shared.detector_success();
-                peer_done = !page.more();
-                peer_buf.extend(page_kvs(page));
-                if let Some(last) = peer_buf.back() {
-                    peer_cursor = next_key(&last.key);
-                }
+                peer_buf.extend(page);
             }
             merge_step(
                 &mut origin_buf,
                 origin_pages.done,
                 &mut peer_buf,
-                peer_done,
+                peer_pages.done,
                 |key| layout.shard_of(key),
                 |shard| leases[shard],
                 &mut ops,
@@ -165,7 +155,7 @@ impl Worker {
                 staged_bytes += op.wire_size();
                 staged.push(op);
             }
-            let read_all = origin_pages.done && peer_done && origin_buf.is_empty() && peer_buf.is_empty();
+            let read_all = origin_pages.done && peer_pages.done && origin_buf.is_empty() && peer_buf.is_empty();
             // Under auth, ops wait to be grouped by lease (see `group_by_shard`).
             if state.auth_binds && staged_bytes < SYNC_GROUP_BYTES && !read_all {
                 continue;
@@ -330,24 +320,18 @@ impl Worker {
     }
 
     /// How far the peer is: its round trip less the origin's, each the fastest of three status
-    /// calls taken in turn, so that a busy machine, which slows both, is not taken for distance
-    /// (None if the peer never answered).
+    /// calls, so that a busy machine, which slows both, is not taken for distance (None if the
+    /// peer never answered).
     pub(in crate::mirror) async fn peer_distance(&self, local: &Client, peer: &Client) -> Option<std::time::Duration> {
         // Three of each at once: one round trip, not three.
         let (peer_best, local_best) = tokio::join!(self.fastest_round_trip(peer), self.fastest_round_trip(local));
         distance(peer_best, local_best)
     }
 
-    /// The origin's next page at the sync's revision.
-    async fn origin_page(
-        &self,
-        local: &Client,
-        pages: &mut OriginPages,
-        range_end: &[u8],
-        revision: i64,
-    ) -> anyhow::Result<Vec<Kv>> {
+    /// The next page of a subtree read page by page.
+    async fn next_page(&self, client: &Client, pages: &mut Pages, range_end: &[u8]) -> anyhow::Result<Vec<Kv>> {
         let page = self
-            .page_of(self.config.page_size, local, &pages.cursor, range_end, Some(revision), &mut pages.largest)
+            .page_of(self.config.page_size, client, &pages.cursor, range_end, pages.revision, &mut pages.largest)
             .await?;
         pages.done = !page.more();
         let kvs: Vec<Kv> = page_kvs(page).collect();
@@ -361,14 +345,13 @@ impl Worker {
     async fn read_ahead(
         &self,
         local: &Client,
-        pages: &mut OriginPages,
+        pages: &mut Pages,
         range_end: &[u8],
-        revision: i64,
         bytes: usize,
     ) -> anyhow::Result<Vec<Kv>> {
         let (mut read, mut held) = (Vec::new(), 0usize);
         loop {
-            let page = self.origin_page(local, pages, range_end, revision).await?;
+            let page = self.next_page(local, pages, range_end).await?;
             held += page.iter().map(|kv| kv.key.len() + kv.value.len()).sum::<usize>();
             read.extend(page);
             if pages.done || held >= bytes {
@@ -424,12 +407,20 @@ impl Worker {
     }
 }
 
-/// Where the sync's read of the origin has got to.
-struct OriginPages {
+/// Where the sync's read of a subtree (the origin's or the peer's copy) has got to.
+struct Pages {
     cursor: Vec<u8>,
+    /// Read at this revision (the origin's snapshot), or the latest (the peer).
+    revision: Option<i64>,
     done: bool,
     /// The largest key-value seen so far (pages shrink to stay decodable).
     largest: usize,
+}
+
+impl Pages {
+    fn from(prefix: &str, revision: Option<i64>) -> Self {
+        Pages { cursor: prefix.as_bytes().to_vec(), revision, done: false, largest: 0 }
+    }
 }
 
 /// A batch Txn with the bytes it carries, released from the in-flight budget when it lands.
