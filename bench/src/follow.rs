@@ -60,9 +60,20 @@ pub async fn bench_catchup(table: &mut Table, rtt: Duration) -> anyhow::Result<(
         let caught = wait_count(&pc, &prefix, CATCHUP_REVISIONS, MAKE_MIRROR_BUDGET * 3).await;
         let total = start.elapsed();
         let unsynced = slow.stop().await;
-        // What carried them: peer Txns (and so revisions per Txn) and the splits the growth made.
+        // What carried them: peer Txns (and so revisions per Txn) and the splits the growth made,
+        // once the worker took every batch as landed (in order, a little after the peer holds
+        // the keys).
         let carried = match (&handle, before) {
             (Some(h), Some(before)) => {
+                let head = oc.clone().get("x", None).await?.header().map_or(0, |h| h.revision());
+                let mut rx = h.subscribe();
+                let landed =
+                    tokio::time::timeout(Duration::from_secs(30), rx.wait_for(|h| h.last_applied_revision >= head))
+                        .await
+                        .is_ok_and(|r| r.is_ok());
+                if !landed {
+                    println!("  the worker did not take every batch as landed within 30 s");
+                }
                 let after = h.health();
                 let txns = after.txns - before.txns;
                 format!(

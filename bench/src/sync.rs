@@ -131,7 +131,7 @@ pub async fn bench_wan_sync(table: &mut Table, rtt: Duration) -> anyhow::Result<
         let landing = Landing::sample(Client::connect([peer.endpoint()], None).await?, prefix.clone(), SYNC_KEYS);
         let finished = wait_synced(&h, Duration::from_secs(600)).await.is_ok();
         let elapsed = start.elapsed();
-        let connections = h.health().sync_connections;
+        let connections = h.health().peer_connections;
         h.shutdown().await;
         let (first, copy_rate) = landing.stop(SYNC_KEYS);
         let done = count(&Client::connect([peer.endpoint()], None).await?, &prefix).await;

@@ -259,23 +259,91 @@ async fn a_least_privilege_user_over_mtls_mirrors_into_a_three_member_peer() {
 #[tokio::test]
 async fn a_least_privilege_user_over_mtls_syncs_into_a_peer_150ms_away_over_several_connections() {
     let MtlsPeer { origin, peer, mut o, root } = mtls_peer_with_mirror_user(5000).await;
-    let mut proxies = Vec::new();
-    for member in peer.members() {
-        let proxy = FaultProxy::start(member.client_addr()).await.unwrap();
-        proxy.set_rtt(Duration::from_millis(150));
-        proxies.push(proxy);
-    }
-    let far: Vec<String> = proxies.iter().map(|p| p.endpoint("https")).collect();
-    let peer_target = EtcdTarget::plain(far).with_tls(tls_for(&peer, "mirror-a")).with_user("mirror-a", "mirrorpw");
+    let (_proxies, peer_target) = far_members_as_mirror_user(&peer, Duration::from_millis(150)).await;
     let (handle, _e) = start(config("w1"), EtcdTarget::plain([origin.endpoint()]), peer_target);
     converged(&o, &root, "a", DEADLINE).await;
     wait_health(&handle, "synced", |h| h.synced).await;
-    let spread = handle.health().sync_connections;
+    let spread = handle.health().peer_connections;
     assert!(spread > 1, "the sync went over {spread} connection(s)");
     write_keys(&mut o, "a", 2500..6000, "v2").await;
     converged(&o, &root, "a", DEADLINE).await;
     assert_eq!(handle.health().resyncs, 0, "no resync");
     handle.shutdown().await;
+}
+
+/// A region whose subtree was empty at the sync, then written in a burst (64 puts at a time),
+/// into a three-member peer, every member 150 ms away. The empty sync needs only the session's
+/// connection; the watch's Txns in flight then outgrow it and spread over more (a fresh
+/// connection's flow-control window lets a few Txns out a round trip), and the burst lands whole
+/// with no resync.
+#[tokio::test]
+async fn a_burst_after_an_empty_sync_spreads_the_watch_over_more_connections_to_a_far_peer() {
+    let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdCluster::start("b", 3)).unwrap();
+    let (_proxies, far) = far_members(&peer, Duration::from_millis(150), "http").await;
+    let o = connect(&[origin.endpoint()], None).await;
+    let p = connect(&peer.endpoints(), None).await;
+    let (handle, _e) = start(config("w1"), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain(far));
+    wait_synced(&handle).await;
+    assert_eq!(handle.health().peer_connections, 1, "an empty subtree syncs over the session's connection");
+    burst(&o, 0..8_000).await;
+    converged(&o, &p, "a", DEADLINE).await;
+    wait_health(&handle, "the watch spread over more connections", |h| h.peer_connections > 1).await;
+    assert_eq!(handle.health().resyncs, 0, "no resync");
+    handle.shutdown().await;
+}
+
+/// Under least-privilege auth etcd checks, at every put attached to a lease, every key already
+/// on it. A region whose subtree was empty at the sync, then written in a burst of 8,000 keys
+/// (64 puts at a time), into a three-member peer over mTLS 150 ms away: piled onto the one lease
+/// the empty sync laid out, each Txn took the peer up to a second to apply, its leader answered
+/// no lease renewal behind the queue, and nothing converged in 90 s. The watch resyncs to a
+/// layout sized for the keys instead, and no lease passes the cap.
+#[tokio::test]
+async fn a_burst_into_an_empty_subtree_under_auth_resyncs_to_more_leases_instead_of_piling_keys_onto_one() {
+    let MtlsPeer { origin, peer, o, root } = mtls_peer_with_mirror_user(0).await;
+    let (_proxies, peer_target) = far_members_as_mirror_user(&peer, Duration::from_millis(150)).await;
+    let (handle, _e) = start(config("w1"), EtcdTarget::plain([origin.endpoint()]), peer_target);
+    wait_synced(&handle).await;
+    burst(&o, 0..8_000).await;
+    converged(&o, &root, "a", DEADLINE).await;
+    let cap = aether_operator::mirror::plan::AUTH_MAX_KEYS_PER_LEASE as usize;
+    support::mirror::wait_placed_under_cap(&root, cap, &handle).await;
+    let health = handle.health();
+    assert!(health.resyncs_by_cause.get("reshard").is_some_and(|n| *n >= 1), "resyncs: {:?}", health.resyncs_by_cause);
+    assert!(!health.resyncs_by_cause.contains_key("lease_lost"), "resyncs: {:?}", health.resyncs_by_cause);
+    handle.shutdown().await;
+}
+
+/// Puts endpoint keys `range` on the origin, 64 at a time, one revision each.
+async fn burst(o: &Client, range: std::ops::Range<usize>) {
+    use futures::StreamExt;
+    futures::stream::iter(range)
+        .map(|i| {
+            let mut o = o.clone();
+            async move { o.put(endpoint_key("a", i), endpoint_value("a", i, "v1"), None).await.expect("origin put") }
+        })
+        .buffer_unordered(64)
+        .collect::<Vec<_>>()
+        .await;
+}
+
+/// Fault proxies `rtt` in front of each member of `peer`, and their endpoints.
+async fn far_members(peer: &EtcdCluster, rtt: Duration, scheme: &str) -> (Vec<FaultProxy>, Vec<String>) {
+    let mut proxies = Vec::new();
+    for member in peer.members() {
+        let proxy = FaultProxy::start(member.client_addr()).await.unwrap();
+        proxy.set_rtt(rtt);
+        proxies.push(proxy);
+    }
+    let endpoints = proxies.iter().map(|p| p.endpoint(scheme)).collect();
+    (proxies, endpoints)
+}
+
+/// `far_members` of an mTLS peer, reached as the least-privilege user `mirror-a`.
+async fn far_members_as_mirror_user(peer: &EtcdCluster, rtt: Duration) -> (Vec<FaultProxy>, EtcdTarget) {
+    let (proxies, far) = far_members(peer, rtt, "https").await;
+    let target = EtcdTarget::plain(far).with_tls(tls_for(peer, "mirror-a")).with_user("mirror-a", "mirrorpw");
+    (proxies, target)
 }
 
 /// An origin holding endpoint keys and a three-member peer over mTLS with auth on, where the

@@ -109,8 +109,9 @@ pub struct PeerHealth {
     /// The most watch batch Txns that were in flight at once (more than one only across
     /// distance).
     pub batches_in_flight_peak: usize,
-    /// Connections to the peer the last sync spread its Txns over (see `plan::sync_connections`).
-    pub sync_connections: usize,
+    /// Connections to the peer the session spreads its Txns over now (see
+    /// `plan::spread_connections`).
+    pub peer_connections: usize,
 }
 
 /// Round-trip samples a health snapshot keeps; far more than happen between two refreshes.
@@ -157,7 +158,7 @@ impl PeerHealth {
             layout_problem: None,
             shard_splits: 0,
             batches_in_flight_peak: 0,
-            sync_connections: 0,
+            peer_connections: 0,
             leases: 0,
             last_applied_revision: 0,
             last_seen_revision: 0,

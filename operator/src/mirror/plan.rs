@@ -209,24 +209,25 @@ pub fn sync_window(configured: usize, rtt: Option<std::time::Duration>) -> usize
     (configured + covering).min(MAX_SYNC_WINDOW.max(configured))
 }
 
-/// Sync Txns per connection to the peer across distance. An etcd's gRPC server opens each
+/// Txns in flight per connection to the peer across distance. An etcd's gRPC server opens each
 /// connection's flow-control window at 64 KiB and widens it about once a round trip (Go gRPC's
 /// bandwidth-delay estimate), so a window of Txns over one connection trickled out for the
 /// first 1.5 s at 150 ms: about 3 Txns of 128 ops a round trip. Spread over several
 /// connections they all leave at once (100k keys at 150 ms: 5.4 s on one connection, 4.1 s on
-/// 9, 3.8 s on 17).
-pub const SYNC_TXNS_PER_CONNECTION: usize = 4;
+/// 9, 3.8 s on 17; a burst of 20k revisions caught up in 2.1 s on one fresh connection, 1.5 s
+/// once its window was wide).
+pub const TXNS_PER_CONNECTION: usize = 4;
 
-/// The most connections one sync opens to the peer.
-pub const MAX_SYNC_CONNECTIONS: usize = 16;
+/// The most connections a session opens to the peer.
+pub const MAX_PEER_CONNECTIONS: usize = 16;
 
-/// Connections a sync spreads its Txns over (pure): the session's own next door (a peer less
+/// Connections to spread `in_flight` Txns over (pure): the session's own next door (a peer less
 /// than `WATCH_PIPELINE_FROM` away: a busy machine's noise is not distance, and under auth every
 /// connection costs the peer a password check); across distance one per
-/// `SYNC_TXNS_PER_CONNECTION` Txns of the window, at most `MAX_SYNC_CONNECTIONS`.
-pub fn sync_connections(distance: Option<std::time::Duration>, window: usize) -> usize {
+/// `TXNS_PER_CONNECTION` Txns in flight, at most `MAX_PEER_CONNECTIONS`.
+pub fn spread_connections(distance: Option<std::time::Duration>, in_flight: usize) -> usize {
     match distance {
-        Some(d) if d >= WATCH_PIPELINE_FROM => window.div_ceil(SYNC_TXNS_PER_CONNECTION).clamp(1, MAX_SYNC_CONNECTIONS),
+        Some(d) if d >= WATCH_PIPELINE_FROM => in_flight.div_ceil(TXNS_PER_CONNECTION).clamp(1, MAX_PEER_CONNECTIONS),
         _ => 1,
     }
 }
@@ -422,6 +423,13 @@ pub fn enforce_request_limit(op: MirrorOp, max_request_bytes: usize, reserved: u
     }
 }
 
+/// Connections the watch wants open (pure): those open while they carry its Txns in flight;
+/// once the Txns outgrow them (a burst began), as many as its whole depth can use at once:
+/// opened a few at a time, each step took round trips while the burst waited.
+pub fn watch_connections(distance: Option<std::time::Duration>, in_flight: usize, depth: usize, open: usize) -> usize {
+    if spread_connections(distance, in_flight) > open { spread_connections(distance, depth) } else { open }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -497,13 +505,26 @@ mod tests {
     }
 
     #[test]
-    fn a_far_peer_gets_its_sync_txns_over_several_connections() {
+    fn a_far_peer_gets_its_txns_over_several_connections() {
         let ms = std::time::Duration::from_millis;
-        assert_eq!(sync_connections(None, 4), 1, "distance unknown: the session's connection");
-        assert_eq!(sync_connections(Some(ms(3)), 6), 1, "a busy machine's noise is not distance");
-        assert_eq!(sync_connections(Some(ms(50)), sync_window(4, Some(ms(50)))), 6);
-        assert_eq!(sync_connections(Some(ms(150)), sync_window(4, Some(ms(150)))), MAX_SYNC_CONNECTIONS);
-        assert_eq!(sync_connections(Some(ms(20)), 1), 1);
+        assert_eq!(spread_connections(None, 4), 1, "distance unknown: the session's connection");
+        assert_eq!(spread_connections(Some(ms(3)), 6), 1, "a busy machine's noise is not distance");
+        assert_eq!(spread_connections(Some(ms(50)), sync_window(4, Some(ms(50)))), 6);
+        assert_eq!(spread_connections(Some(ms(150)), sync_window(4, Some(ms(150)))), MAX_PEER_CONNECTIONS);
+        assert_eq!(spread_connections(Some(ms(20)), 1), 1);
+        assert_eq!(spread_connections(Some(ms(150)), 0), 1, "nothing in flight: the session's connection");
+        assert_eq!(spread_connections(Some(ms(150)), 5), 2);
+    }
+
+    #[test]
+    fn a_burst_opens_what_the_whole_watch_depth_can_use_at_once() {
+        let ms = std::time::Duration::from_millis;
+        let depth = watch_depth(Some(ms(150)));
+        assert_eq!(watch_connections(Some(ms(150)), 4, depth, 1), 1, "one connection carries 4 Txns");
+        assert_eq!(watch_connections(Some(ms(150)), 5, depth, 1), MAX_PEER_CONNECTIONS);
+        assert_eq!(watch_connections(Some(ms(150)), 151, depth, MAX_PEER_CONNECTIONS), MAX_PEER_CONNECTIONS);
+        assert_eq!(watch_connections(Some(ms(5)), 1, 1, 1), 1, "next door: the session's connection");
+        assert_eq!(watch_connections(Some(ms(50)), 30, watch_depth(Some(ms(50))), 2), 13);
     }
     use proptest::prelude::*;
     use std::collections::BTreeMap;

@@ -9,6 +9,7 @@ use super::leases::keeper::KeeperSignal;
 use super::records::checkpoint::Owner;
 use super::records::resume::{OriginStatus, OwnerDecision, Ownership, decide_ownership, decide_resume};
 use super::records::store::{Records, read_records};
+use super::streams::spread::Spread;
 use super::streams::watch::WatchEnd;
 use crate::keys;
 use anyhow::{Context, anyhow};
@@ -34,6 +35,9 @@ impl Worker {
     ) -> anyhow::Result<SessionEnd> {
         self.shared.phase(Phase::Connecting);
         let mut peer = self.peer.connect().await.context("connecting to the peer etcd")?;
+        // The Txns of the sync and the watch spread over more connections across distance.
+        let mut spread = Spread::new(peer.clone());
+        self.shared.update(|h| h.peer_connections = 1);
         // The auth probe writes nothing, so it flies beside the records' reads (a round trip less
         // across distance); the leases are kept without waiting for its answer.
         let probing = peer.clone();
@@ -152,7 +156,7 @@ impl Worker {
                 }
                 self.shared.emit(MirrorEvent::ResyncStarted { cause });
                 info!(cause = cause.as_str(), "full sync");
-                match self.sync(&mut local, &mut peer, state, cause, origin.cluster_id).await? {
+                match self.sync(&mut local, &mut peer, &mut spread, state, cause, origin.cluster_id).await? {
                     Some(by) => return Ok(SessionEnd::Fenced(by)),
                     None => {
                         state.resync_cause = None;
@@ -161,7 +165,7 @@ impl Worker {
                     }
                 }
             }
-            match self.watch(&mut local, &mut peer, state, lost_rx, backoff).await? {
+            match self.watch(&mut local, &mut peer, &mut spread, state, lost_rx, backoff).await? {
                 WatchEnd::Shutdown => return Ok(SessionEnd::Shutdown),
                 WatchEnd::Fenced(by) => return Ok(SessionEnd::Fenced(by)),
                 WatchEnd::Resync(cause) => {

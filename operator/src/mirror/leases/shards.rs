@@ -24,6 +24,13 @@ pub fn overfull(keys_per_shard: &[i64], max_keys_per_lease: u64) -> bool {
     keys_per_shard.iter().any(|n| *n > 0 && *n as u64 > max_keys_per_lease)
 }
 
+/// Whether `keys` keys outgrow a layout of `shards` shards: more than the cap on average, twice
+/// the shards a sync would lay out for them. Under auth the watch then resyncs to a new layout
+/// rather than pile keys onto leases faster than splits follow (pure).
+pub fn outgrown(shards: usize, keys: u64, max_keys_per_lease: u64) -> bool {
+    shard_count(keys, max_keys_per_lease) > shards.max(1).saturating_mul(2)
+}
+
 /// Whether a sync must lay the leases out anew: none yet, a shard past the cap (the watch's
 /// trigger, so the two never disagree and loop), or a shard count far from what the keys need.
 pub fn needs_reshard(current: usize, keys_per_shard: &[i64], total_keys: u64, max_keys_per_lease: u64) -> bool {
@@ -167,6 +174,21 @@ pub fn overfull_shards(keys_per_shard: &[i64], max_keys_per_lease: u64) -> impl 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_layout_is_outgrown_once_its_leases_average_past_the_cap() {
+        assert!(!outgrown(1, 64, 64), "an empty subtree's one lease takes up to the cap");
+        assert!(outgrown(1, 65, 64));
+        // A sync lays out 128 shards for 3,000 keys at 64 a lease: 8,000 keys still fit them.
+        assert_eq!(shard_count(3000, 64), 128);
+        assert!(!outgrown(128, 8000, 64));
+        assert!(outgrown(128, 8193, 64));
+        assert!(!outgrown(0, 0, 64));
+        // What a sync lays out is never outgrown by the keys it was laid out for.
+        for keys in [0u64, 1, 63, 64, 1000, 20_000, 1 << 20] {
+            assert!(!outgrown(shard_count(keys, 64), keys, 64), "{keys} keys");
+        }
+    }
 
     fn endpoint(i: u64) -> Vec<u8> {
         format!(

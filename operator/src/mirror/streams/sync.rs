@@ -12,9 +12,10 @@ use crate::mirror::health::{MirrorEvent, Phase, ResyncCause};
 use crate::mirror::leases::shards::{Layout, needs_reshard, shard_count};
 use crate::mirror::plan::{
     Kv, MAX_SYNC_INFLIGHT_BYTES, MirrorOp, SYNC_GROUP_BYTES, SyncBatcher, distance, enforce_request_limit,
-    group_by_shard, merge_step, next_page_limit, sync_connections, sync_window,
+    group_by_shard, merge_step, next_page_limit, spread_connections, sync_window,
 };
 use crate::mirror::streams::apply::Applied;
+use crate::mirror::streams::spread::{Spread, open};
 use crate::mirror::target::kv;
 use anyhow::anyhow;
 use etcd_client::{Client, GetOptions, GetResponse, PutOptions, TxnOp};
@@ -36,6 +37,7 @@ impl Worker {
         &self,
         local: &mut Client,
         peer: &mut Client,
+        spread: &mut Spread,
         state: &mut State,
         cause: ResyncCause,
         origin_cluster_id: u64,
@@ -76,14 +78,18 @@ impl Worker {
             state.layout = Layout::uniform(state.leases.len());
         }
         // The peer's distance sizes the window, and across distance the Txns spread over
-        // connections of their own: measured and opened while the layout is granted and recorded
-        // (the status calls write nothing), not in more round trips after.
+        // connections of their own (as many as the subtree's Txns can use): measured and opened
+        // while the layout is granted and recorded (the status calls write nothing), not in more
+        // round trips after.
         let (measure_local, measure_peer) = (local.clone(), peer.clone());
-        let spread = async {
+        let subtree_txns = (total as usize).div_ceil(self.limits(state).max_ops.max(1));
+        let open_now = if spread.opening() { usize::MAX } else { spread.len() };
+        let spread_more = async {
             let distance = self.peer_distance(&measure_local, &measure_peer).await;
             let window = sync_window(self.config.sync_parallelism, distance);
-            let wanted = sync_connections(distance, window);
-            (window, self.more_connections(wanted - 1).await)
+            let wanted = spread_connections(distance, window.min(subtree_txns));
+            let more = open(self.peer.clone(), wanted.saturating_sub(open_now), self.config.rpc_timeout);
+            (window, more.await)
         };
         // The peer's first page too (only this session writes the peer's copy now), and the
         // origin's first pages: under auth a group's worth, which the sync holds back anyway to
@@ -95,14 +101,13 @@ impl Worker {
         let ahead = if state.auth_binds { SYNC_GROUP_BYTES } else { 0 };
         let read_ahead = self.read_ahead(local, &mut origin_pages, &range_end, ahead);
         let ((window, more), laid_out, first_peer_page, read_ahead) =
-            tokio::join!(spread, self.lay_out(peer, state, epoch, cause), first_peer_page, read_ahead);
+            tokio::join!(spread_more, self.lay_out(peer, state, epoch, cause), first_peer_page, read_ahead);
         if let Some(by) = laid_out? {
             return Ok(Some(by));
         }
-        let connections: Vec<Client> = std::iter::once(peer.clone()).chain(more).collect();
-        let spread_over = connections.len();
-        self.shared.update(|h| h.sync_connections = spread_over);
-        let mut sent = 0usize;
+        spread.add(more);
+        let spread_over = spread.len();
+        self.shared.update(|h| h.peer_connections = spread_over);
 
         let shards = state.leases.len();
         let layout = state.layout.clone();
@@ -177,8 +182,7 @@ impl Worker {
                         }
                     }
                     inflight_bytes += bytes;
-                    let apply = self.apply(&connections[sent % connections.len()], epoch, batch, &leases, Vec::new());
-                    sent += 1;
+                    let apply = self.apply(spread.next(), epoch, batch, &leases, Vec::new());
                     inflight.push(with_bytes(apply, bytes));
                     // A Txn in the set is sent only once the set is polled: poll it now, not once
                     // the window is full (across distance, 42 batches would wait for a 43rd).
@@ -370,25 +374,6 @@ impl Worker {
             }
         });
         futures::future::join_all(calls).await.into_iter().flatten().min()
-    }
-
-    /// `n` more clients of the peer, each over its own connections (see `sync_connections`).
-    /// Without them the sync goes over the session's connection alone, only slower.
-    async fn more_connections(&self, n: usize) -> Vec<Client> {
-        if n == 0 {
-            return Vec::new();
-        }
-        match tokio::time::timeout(self.config.rpc_timeout, self.peer.connect_many(n)).await {
-            Ok(Ok(clients)) => clients,
-            Ok(Err(e)) => {
-                debug!(error = %e, "the sync goes over the session's connection alone");
-                Vec::new()
-            }
-            Err(_) => {
-                debug!("the sync goes over the session's connection alone: more connections took too long");
-                Vec::new()
-            }
-        }
     }
 
     /// Grants a lease for `shard`; its id, and when it was asked for (its TTL runs from then).

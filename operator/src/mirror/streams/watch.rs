@@ -13,13 +13,14 @@ use crate::keys;
 use crate::mirror::context::{State, Worker};
 use crate::mirror::health::{MirrorEvent, Phase, ResyncCause};
 use crate::mirror::leases::keeper::KeeperSignal;
-use crate::mirror::leases::shards::{MAX_DEPTH, overfull_shards};
+use crate::mirror::leases::shards::{MAX_DEPTH, outgrown, overfull_shards};
 use crate::mirror::plan::{
     MAX_WATCH_INFLIGHT_BYTES, MirrorOp, Revision, SyncBatcher, WatchBatch, enforce_request_limit, next_watch_batch,
-    verify_overdue, watch_depth, watch_linger,
+    verify_overdue, watch_connections, watch_depth, watch_linger,
 };
 use crate::mirror::streams::apply::Applied;
 use crate::mirror::streams::split::{Advance, Split, retarget};
+use crate::mirror::streams::spread::Spread;
 use crate::mirror::streams::sync::{RESERVED_REQUEST_BYTES, page_kvs};
 use crate::mirror::verify::{advance, page_range, repairs};
 use anyhow::{Context, anyhow};
@@ -29,7 +30,7 @@ use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::{Notify, mpsc};
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 /// Watch responses read in one go before the rest of the loop runs again.
 const WATCH_DRAIN_RESPONSES: usize = 1024;
@@ -129,6 +130,7 @@ impl Worker {
         &self,
         local: &mut Client,
         peer: &mut Client,
+        spread: &mut Spread,
         state: &mut State,
         lost_rx: &mut mpsc::Receiver<KeeperSignal>,
         backoff: &mut crate::mirror::backoff::Backoff,
@@ -148,6 +150,10 @@ impl Worker {
         let mut pending: VecDeque<Revision> = VecDeque::new();
         let mut pending_meta: VecDeque<RevisionMeta> = VecDeque::new();
         let (mut pending_ops, mut pending_bytes) = (0usize, 0usize);
+        // Keys the pending revisions create less those they delete, and whether, with them, the
+        // subtree outgrew its leases under auth (see below).
+        let mut pending_keys = 0i64;
+        let mut outgrew = false;
         let mut split = 0usize;
         let mut progress_revision = 0i64;
         let mut fragment_open = false;
@@ -155,10 +161,10 @@ impl Worker {
         // Batch Txns in flight, oldest first: enough to cover the peer's round trip. They are
         // taken as landed in this order, whatever order the peer applied them in.
         let mut inflight: VecDeque<InFlight> = VecDeque::new();
-        let mut pipeline = Pipeline::default();
-        let finished = pipeline.finished.clone();
         let round_trip = self.peer_distance(local, peer).await;
         let depth = watch_depth(round_trip);
+        let mut pipeline = Pipeline::default();
+        let finished = pipeline.finished.clone();
         let verify_forced_after = verify_overdue(self.config.verify_interval, round_trip);
         let mut last_verified = Instant::now();
         // The highest revision a landed batch recorded: the progress record holds at least it.
@@ -229,6 +235,7 @@ impl Worker {
                         if let Some(meta) = pending_meta.pop_front() {
                             pending_bytes -= meta.bytes;
                             for (shard, delta) in meta.deltas {
+                                pending_keys -= delta;
                                 state.keys[shard] = (state.keys[shard] + delta).max(0);
                                 if delta != 0 && state.count_drifted(shard) {
                                     state.drifted.insert(shard);
@@ -319,6 +326,7 @@ impl Worker {
                                 let bytes = op.wire_size();
                                 pending_ops += 1;
                                 pending_bytes += bytes;
+                                pending_keys += delta;
                                 match pending.back_mut() {
                                     Some(last) if last.revision == revision => {
                                         last.ops.push(op);
@@ -346,6 +354,10 @@ impl Worker {
                             None => break,
                         }
                     }
+                    if state.auth_binds && pending_keys > 0 {
+                        let projected = state.keys.iter().sum::<i64>() + pending_keys;
+                        outgrew = outgrown(state.layout.len(), projected.max(0) as u64, state.lease_cap);
+                    }
                     let oldest_pending = pending_meta.front().map(|m| m.received);
                     self.shared.update(|h| {
                         h.last_seen_revision = h.last_seen_revision.max(seen);
@@ -353,6 +365,11 @@ impl Worker {
                     });
                 }
                 _ = finished.notified(), if !inflight.is_empty() => {}
+                () = spread.opened(), if spread.opening() => {
+                    let connections = spread.len();
+                    debug!(connections, "watch batches spread over more connections to the peer");
+                    self.shared.update(|h| h.peer_connections = connections);
+                }
                 done = async { recording.as_mut().expect("guarded").await }, if recording.is_some() => {
                     recording = None;
                     if let Some(by) = counts_recorded(done)? {
@@ -379,6 +396,10 @@ impl Worker {
                     }
                 }
                 _ = ticker.tick() => {
+                    if spread.close_idle() {
+                        debug!("the watch's extra connections to the peer closed: unused for a while");
+                        self.shared.update(|h| h.peer_connections = 1);
+                    }
                     // Not reading (the pending bounds are reached) is not a stalled watch.
                     if room && last_message.elapsed() > stall_after {
                         // etcd (3.6 at least) answers no progress request while a watcher starts
@@ -452,6 +473,21 @@ impl Worker {
             for batch in inflight.iter_mut().filter(|b| !b.released && b.task.is_finished()) {
                 pipeline.release(batch);
             }
+            // Under auth, keys arriving faster than splits can follow would pile onto leases
+            // whose every put then checks every key on them: a resync lays the leases out for
+            // the subtree as it is now, and fills each at once.
+            if outgrew {
+                info!(
+                    shards = state.layout.len(),
+                    keys = state.keys.iter().sum::<i64>() + pending_keys,
+                    "the subtree outgrew its leases; resyncing to a new layout"
+                );
+                settle_inflight(std::mem::take(&mut inflight)).await?;
+                if let Some(by) = settle_writers(splitting.take(), recording.take(), state).await? {
+                    return Ok(WatchEnd::Fenced(by));
+                }
+                return Ok(WatchEnd::Resync(ResyncCause::Reshard));
+            }
             while pipeline.running < depth && pipeline.bytes < MAX_WATCH_INFLIGHT_BYTES && !fragment_open && !verify_now
             {
                 // A revision larger than one Txn goes alone, in parts.
@@ -499,7 +535,7 @@ impl Worker {
                     pending = pending.len() - dispatched,
                     "watch batch sent"
                 );
-                inflight.push_back(self.send_batch(peer, epoch, batch, progress, state, &mut pipeline));
+                inflight.push_back(self.send_batch(spread.next(), epoch, batch, progress, state, &mut pipeline));
                 if pipeline.running > peak {
                     peak = pipeline.running;
                     self.shared.update(|h| h.batches_in_flight_peak = h.batches_in_flight_peak.max(peak));
@@ -508,6 +544,9 @@ impl Worker {
                     break;
                 }
             }
+            // Across distance, Txns in flight that outgrow the connections open get more.
+            let wanted = watch_connections(round_trip, pipeline.running, depth, spread.len());
+            spread.want(wanted, &self.peer, self.config.rpc_timeout);
             // Batches sent together recorded less than they applied: once all have landed and
             // nothing waits, one Txn records the rest, so that a successor resumes exactly here.
             if inflight.is_empty() && pending.is_empty() && state.applied > recorded && !verify_now {

@@ -1,0 +1,106 @@
+//! The connections to the peer a session spreads its Txns over. An etcd's gRPC server opens each
+//! connection's flow-control window at 64 KiB and widens it about once a round trip, so across
+//! distance a burst of Txns over one fresh connection trickles out for the first second or so.
+//! The session's own connection comes first; more are opened when the Txns in flight outgrow
+//! them (`plan::watch_connections`: never next door), and kept while Txns flow, so that the
+//! next burst finds them open and their windows wide. Unused for `IDLE_CLOSE`, they close: an
+//! idle region holds one connection to each peer.
+use crate::mirror::EtcdTarget;
+use etcd_client::Client;
+use std::time::{Duration, Instant};
+use tokio::task::JoinHandle;
+use tracing::debug;
+
+/// How long the connections beyond the session's stay open unused. Below the 5 minutes after
+/// which etcd expires a simple auth token nobody used: a connection kept for the next burst
+/// never meets its token expired.
+pub const IDLE_CLOSE: Duration = Duration::from_secs(60);
+
+pub(in crate::mirror) struct Spread {
+    clients: Vec<Client>,
+    next: usize,
+    last_used: Instant,
+    /// More connections being opened beside the session's work.
+    opening: Option<JoinHandle<Vec<Client>>>,
+}
+
+impl Spread {
+    pub fn new(session: Client) -> Self {
+        Spread { clients: vec![session], next: 0, last_used: Instant::now(), opening: None }
+    }
+
+    pub fn len(&self) -> usize {
+        self.clients.len()
+    }
+
+    /// The connection for the next Txn, in turn.
+    pub fn next(&mut self) -> &Client {
+        self.last_used = Instant::now();
+        self.next = (self.next + 1) % self.clients.len();
+        &self.clients[self.next]
+    }
+
+    pub fn add(&mut self, more: Vec<Client>) {
+        self.last_used = Instant::now();
+        self.clients.extend(more);
+    }
+
+    /// Closes the connections beyond the session's once none was used for `IDLE_CLOSE`. Returns
+    /// whether it closed any.
+    pub fn close_idle(&mut self) -> bool {
+        if self.clients.len() == 1 || self.opening.is_some() || self.last_used.elapsed() < IDLE_CLOSE {
+            return false;
+        }
+        self.clients.truncate(1);
+        self.next = 0;
+        true
+    }
+
+    pub fn opening(&self) -> bool {
+        self.opening.is_some()
+    }
+
+    /// Starts opening connections up to `wanted` in the background, unless that many are open or
+    /// some are being opened already.
+    pub fn want(&mut self, wanted: usize, target: &EtcdTarget, timeout: Duration) {
+        if self.opening.is_none() && wanted > self.clients.len() {
+            self.opening = Some(tokio::spawn(open(target.clone(), wanted - self.clients.len(), timeout)));
+        }
+    }
+
+    /// Waits for the connections being opened and takes them. Cancel-safe: dropped before they
+    /// are open, it leaves them opening.
+    pub async fn opened(&mut self) {
+        let Some(task) = self.opening.as_mut() else { return std::future::pending().await };
+        let more = task.await.unwrap_or_default();
+        self.opening = None;
+        self.add(more);
+    }
+}
+
+impl Drop for Spread {
+    fn drop(&mut self) {
+        if let Some(task) = self.opening.take() {
+            task.abort();
+        }
+    }
+}
+
+/// `n` more clients of the peer, each over its own connections; none when they cannot be opened
+/// within `timeout`: the Txns then go over those already open, only slower.
+pub(in crate::mirror) async fn open(target: EtcdTarget, n: usize, timeout: Duration) -> Vec<Client> {
+    if n == 0 {
+        return Vec::new();
+    }
+    match tokio::time::timeout(timeout, target.connect_many(n)).await {
+        Ok(Ok(clients)) => clients,
+        Ok(Err(e)) => {
+            debug!(error = %e, "no more connections to the peer: Txns go over those open");
+            Vec::new()
+        }
+        Err(_) => {
+            debug!("no more connections to the peer: opening them took too long");
+            Vec::new()
+        }
+    }
+}
