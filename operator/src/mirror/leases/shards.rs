@@ -27,9 +27,10 @@ pub fn overfull(keys_per_shard: &[i64], max_keys_per_lease: u64) -> bool {
 /// Whether `keys` keys outgrow a layout of `shards` shards: more than three quarters of the cap
 /// on average (pure). Past that a growing share of the shards passes the cap, and splits, a few
 /// round trips each and one at a time, fall behind: with 8,000 keys on 128 shards of 64, 150 ms
-/// away, a lease still held 89 keys after 25 splits and 90 s. Under auth the watch then resyncs to a new layout rather
-/// than pile keys onto leases whose every put checks every key on them. A sync lays out at least
-/// twice the shards its keys need at the cap, so the subtree grows by half before this holds.
+/// away, a lease still held 89 keys after 25 splits and 90 s. Under auth the watch then resyncs
+/// to a new layout rather than pile keys onto leases whose every put checks every key on them.
+/// A sync lays out at least twice the shards its keys need at the cap, so the subtree grows by
+/// half before this holds.
 pub fn outgrown(shards: usize, keys: u64, max_keys_per_lease: u64) -> bool {
     let capacity = (shards.max(1) as u64).saturating_mul(max_keys_per_lease.max(1));
     keys.saturating_mul(4) > capacity.saturating_mul(3)
