@@ -10,7 +10,7 @@ use aether_harness::{EtcdServer, FaultProxy, wait_until};
 use aether_operator::keys;
 use aether_operator::mirror::leases::shards::Layout;
 use aether_operator::mirror::{EtcdTarget, MirrorEvent, Phase};
-use etcd_client::{Client, GetOptions, PutOptions, Txn, TxnOp};
+use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 use support::etcd::*;
@@ -188,6 +188,9 @@ async fn a_successor_never_adopts_records_its_predecessor_changed_after_they_wer
     first.shutdown().await;
     let recorded = checkpoint(&mut p, "a").await.expect("a checkpoint");
     let watched = recorded.leases[0];
+    // The predecessor's fence: its Txns hold only while its owner record is the last written.
+    let owner = p.get(keys::owner_key("a"), None).await.unwrap();
+    let epoch = owner.kvs().first().expect("an owner record").mod_revision();
     let full = cfg.lease_ttl_seconds;
     // The predecessor's last renewal ages, so that the successor's first one shows.
     wait_until("the predecessor's renewal ages", DEADLINE, || {
@@ -209,8 +212,12 @@ async fn a_successor_never_adopts_records_its_predecessor_changed_after_they_wer
     })
     .await
     .unwrap();
-    // Meanwhile the predecessor, still running, splits a shard: a new lease, recorded, and some of
-    // the shard's keys moved onto it. It then sees its successor and stops renewing.
+    // Meanwhile the predecessor, still running and still the owner, splits a shard: a new lease,
+    // recorded, and some of the shard's keys moved onto it, in a Txn fenced like its own. It then
+    // sees its successor and stops renewing. The successor's next messages (the renewals'
+    // answers, its ownership Txn) are held meanwhile, so that it has read the records before
+    // the change and takes ownership after it, however busy the machine.
+    proxy.set_blackhole(true);
     let lease = p.lease_grant(full, None).await.unwrap().id();
     let mut layout = Layout::recorded(&recorded.slots, recorded.leases.len());
     let new_shard = layout.split(1).expect("a shard at depth 9 splits");
@@ -227,7 +234,10 @@ async fn a_successor_never_adopts_records_its_predecessor_changed_after_they_wer
     changed.keys.push(moved.len() as i64);
     let mut ops: Vec<TxnOp> = vec![TxnOp::put(keys::checkpoint_key("a"), changed.encode(), None)];
     ops.extend(moved.iter().map(|(k, v)| TxnOp::put(k.clone(), v.clone(), Some(PutOptions::new().with_lease(lease)))));
-    p.txn(Txn::new().and_then(ops)).await.unwrap();
+    let fence = Compare::mod_revision(keys::owner_key("a"), CompareOp::Equal, epoch);
+    let split = p.txn(Txn::new().when([fence]).and_then(ops)).await.unwrap();
+    proxy.set_blackhole(false);
+    assert!(split.succeeded(), "the successor took ownership before the predecessor's split: no change after the read");
     assert!(!moved.is_empty());
 
     wait_synced(&second).await;
