@@ -65,7 +65,9 @@ pub async fn bench_catchup(table: &mut Table, rtt: Duration) -> anyhow::Result<(
         // the keys).
         let carried = match (&handle, before) {
             (Some(h), Some(before)) => {
-                let head = oc.clone().get("x", None).await?.header().map_or(0, |h| h.revision());
+                let count_only = etcd_client::GetOptions::new().with_prefix().with_count_only();
+                let head =
+                    oc.clone().get(prefix.as_str(), Some(count_only)).await?.header().map_or(0, |h| h.revision());
                 let mut rx = h.subscribe();
                 let landed =
                     tokio::time::timeout(Duration::from_secs(30), rx.wait_for(|h| h.last_applied_revision >= head))

@@ -40,7 +40,7 @@ impl Spread {
         &self.clients[self.next]
     }
 
-    pub fn add(&mut self, more: Vec<Client>) {
+    fn add(&mut self, more: Vec<Client>) {
         self.last_used = Instant::now();
         self.clients.extend(more);
     }
@@ -68,10 +68,10 @@ impl Spread {
         }
     }
 
-    /// Waits for the connections being opened and takes them. Cancel-safe: dropped before they
-    /// are open, it leaves them opening.
+    /// Waits for the connections being opened, if any, and takes them. Cancel-safe: dropped
+    /// before they are open, it leaves them opening.
     pub async fn opened(&mut self) {
-        let Some(task) = self.opening.as_mut() else { return std::future::pending().await };
+        let Some(task) = self.opening.as_mut() else { return };
         let more = task.await.unwrap_or_default();
         self.opening = None;
         self.add(more);
@@ -88,7 +88,7 @@ impl Drop for Spread {
 
 /// `n` more clients of the peer, each over its own connections; none when they cannot be opened
 /// within `timeout`: the Txns then go over those already open, only slower.
-pub(in crate::mirror) async fn open(target: EtcdTarget, n: usize, timeout: Duration) -> Vec<Client> {
+async fn open(target: EtcdTarget, n: usize, timeout: Duration) -> Vec<Client> {
     if n == 0 {
         return Vec::new();
     }

@@ -15,7 +15,7 @@ use crate::mirror::plan::{
     group_by_shard, merge_step, next_page_limit, spread_connections, sync_window,
 };
 use crate::mirror::streams::apply::Applied;
-use crate::mirror::streams::spread::{Spread, open};
+use crate::mirror::streams::spread::Spread;
 use crate::mirror::target::kv;
 use anyhow::anyhow;
 use etcd_client::{Client, GetOptions, GetResponse, PutOptions, TxnOp};
@@ -83,13 +83,12 @@ impl Worker {
         // round trips after.
         let (measure_local, measure_peer) = (local.clone(), peer.clone());
         let subtree_txns = (total as usize).div_ceil(self.limits(state).max_ops.max(1));
-        let open_now = if spread.opening() { usize::MAX } else { spread.len() };
         let spread_more = async {
             let distance = self.peer_distance(&measure_local, &measure_peer).await;
             let window = sync_window(self.config.sync_parallelism, distance);
-            let wanted = spread_connections(distance, window.min(subtree_txns));
-            let more = open(self.peer.clone(), wanted.saturating_sub(open_now), self.config.rpc_timeout);
-            (window, more.await)
+            spread.want(spread_connections(distance, window.min(subtree_txns)), &self.peer, self.config.rpc_timeout);
+            spread.opened().await;
+            window
         };
         // The peer's first page too (only this session writes the peer's copy now), and the
         // origin's first pages: under auth a group's worth, which the sync holds back anyway to
@@ -100,12 +99,11 @@ impl Worker {
         let mut origin_pages = Pages::from(&prefix, Some(revision));
         let ahead = if state.auth_binds { SYNC_GROUP_BYTES } else { 0 };
         let read_ahead = self.read_ahead(local, &mut origin_pages, &range_end, ahead);
-        let ((window, more), laid_out, first_peer_page, read_ahead) =
+        let (window, laid_out, first_peer_page, read_ahead) =
             tokio::join!(spread_more, self.lay_out(peer, state, epoch, cause), first_peer_page, read_ahead);
         if let Some(by) = laid_out? {
             return Ok(Some(by));
         }
-        spread.add(more);
         let spread_over = spread.len();
         self.shared.update(|h| h.peer_connections = spread_over);
 

@@ -161,10 +161,10 @@ impl Worker {
         // Batch Txns in flight, oldest first: enough to cover the peer's round trip. They are
         // taken as landed in this order, whatever order the peer applied them in.
         let mut inflight: VecDeque<InFlight> = VecDeque::new();
-        let round_trip = self.peer_distance(local, peer).await;
-        let depth = watch_depth(round_trip);
         let mut pipeline = Pipeline::default();
         let finished = pipeline.finished.clone();
+        let round_trip = self.peer_distance(local, peer).await;
+        let depth = watch_depth(round_trip);
         let verify_forced_after = verify_overdue(self.config.verify_interval, round_trip);
         let mut last_verified = Instant::now();
         // The highest revision a landed batch recorded: the progress record holds at least it.
