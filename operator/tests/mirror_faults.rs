@@ -302,7 +302,12 @@ async fn a_burst_after_an_empty_sync_spreads_the_watch_over_more_connections_to_
 async fn a_burst_into_an_empty_subtree_under_auth_resyncs_to_more_leases_instead_of_piling_keys_onto_one() {
     let MtlsPeer { origin, peer, o, root } = mtls_peer_with_mirror_user(0).await;
     let (_proxies, peer_target) = far_members_as_mirror_user(&peer, Duration::from_millis(150)).await;
-    let (handle, _e) = start(config("w1"), EtcdTarget::plain([origin.endpoint()]), peer_target);
+    // The CRD defaults (TTL 30 s, keepalive 10 s): with both cores busy the three members answered
+    // no renewal for over 6 s while the resyncs' Txns were applied, and the fast TTL lapsed.
+    let mut cfg = config("w1");
+    cfg.lease_ttl_seconds = 30;
+    cfg.keepalive_interval = Duration::from_secs(10);
+    let (handle, _e) = start(cfg, EtcdTarget::plain([origin.endpoint()]), peer_target);
     wait_synced(&handle).await;
     burst(&o, 0..8_000).await;
     converged(&o, &root, "a", DEADLINE).await;
