@@ -204,6 +204,15 @@ async fn doctor_handler(
     headers: HeaderMap,
     axum::extract::Path((namespace, name)): axum::extract::Path<(String, String)>,
 ) -> Response {
+    // The checks dial every etcd with the operator's credentials: never for an unauthenticated
+    // caller, so not at all on the open listener.
+    if state.authorizer.is_none() {
+        return (
+            StatusCode::FORBIDDEN,
+            "/debug/doctor is served only on the secure endpoint (--metrics-secure), to callers allowed to get it\n",
+        )
+            .into_response();
+    }
     if let Some(refusal) = refused(&state, &headers, DOCTOR_PATH).await {
         return refusal;
     }
@@ -342,5 +351,38 @@ mod tests {
         assert_eq!(bearer_token(&with("Basic abc")), None);
         assert_eq!(bearer_token(&with("Bearer ")), None);
         assert_eq!(bearer_token(&HeaderMap::new()), None);
+    }
+
+    #[tokio::test]
+    async fn the_open_listener_serves_metrics_and_probes_but_never_the_doctor() {
+        let port = {
+            let probe = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            probe.local_addr().unwrap().port()
+        };
+        let client = kube::Client::try_from(kube::Config::new("http://127.0.0.1:1".parse().unwrap())).unwrap();
+        let stop = CancellationToken::new();
+        let server = serve(
+            &format!("127.0.0.1:{port}"),
+            MetricsAccess::Open,
+            Arc::new(Metrics::default()),
+            Some((client, "op-0".into())),
+            stop.clone(),
+        )
+        .await
+        .unwrap();
+        let get = |path: &'static str| async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+            s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes()).await.unwrap();
+            let mut response = String::new();
+            s.read_to_string(&mut response).await.unwrap();
+            response
+        };
+        let doctor = get("/debug/doctor/fed/a").await;
+        assert!(doctor.starts_with("HTTP/1.0 403") && doctor.contains("--metrics-secure"), "{doctor}");
+        assert!(get("/healthz").await.starts_with("HTTP/1.0 200"));
+        assert!(get("/metrics").await.contains("aether_federation_"));
+        stop.cancel();
+        server.await.unwrap();
     }
 }

@@ -185,6 +185,10 @@ struct RunArgs {
     /// Seconds between status refreshes from the workers' health.
     #[arg(long, default_value_t = 5)]
     refresh_seconds: u64,
+    /// This Kubernetes cluster's name, recorded on the peers with each mirror's owner, so that a
+    /// refused duplicate claim on a region names the cluster the other claim lives in.
+    #[arg(long, env = "AETHER_CLUSTER_NAME", default_value = "")]
+    cluster_name: String,
 }
 
 fn init_tracing(format: LogFormat) {
@@ -331,6 +335,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         identity: identity.clone(),
         refresh_interval: Duration::from_secs(args.refresh_seconds.max(1)),
         leader_lease: format!("{}/{}", args.leader_lease_namespace, args.leader_lease_name),
+        cluster_name: args.cluster_name.clone(),
     };
     let leader_settings = leader::LeaderSettings {
         lease_name: args.leader_lease_name.clone(),

@@ -42,6 +42,13 @@ pub struct PhaseLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub origin: String,
+    pub target: String,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RegionLabels {
     pub region: String,
 }
@@ -94,6 +101,7 @@ pub struct ReplicationMetrics {
     pub synced: Family<MirrorLabels, Gauge>,
     pub reachable: Family<MirrorLabels, Gauge>,
     pub phase: Family<PhaseLabels, Gauge>,
+    pub claim_refused: Family<ReasonLabels, Gauge>,
     pub values_left_out: Family<MirrorLabels, Gauge>,
     pub resyncs: Family<CauseLabels, Counter>,
     pub session_failures: Family<MirrorLabels, Counter>,
@@ -133,6 +141,12 @@ impl ReplicationMetrics {
                 Family::default(),
             ),
             phase: add(r, "worker_phase", "1 for the worker's current phase", Family::default()),
+            claim_refused: add(
+                r,
+                "claim_refused",
+                "1 while the worker's claim on the target is refused for this reason (DuplicateOrigin, DuplicatePeer, PeerIsOrigin): it writes nothing there",
+                Family::default(),
+            ),
             values_left_out: add(
                 r,
                 "values_left_out",
@@ -339,6 +353,11 @@ impl Metrics {
                 PhaseLabels { origin: h.origin.clone(), target: h.peer.clone(), phase: phase.as_str().to_string() };
             r.phase.get_or_create(&labels).set(i64::from(phase == h.phase));
         }
+        for reason in crate::mirror::Refusal::REASONS {
+            let labels = ReasonLabels { origin: h.origin.clone(), target: h.peer.clone(), reason: reason.to_string() };
+            let now = h.refusal.as_ref().is_some_and(|r| r.reason == reason);
+            r.claim_refused.get_or_create(&labels).set(i64::from(now));
+        }
         let k = &self.keepalive;
         k.failures.get_or_create(&l).set(h.keepalive_failures as i64);
         self.observe_keepalive_rounds(h, &l);
@@ -455,6 +474,13 @@ impl Metrics {
                 origin: origin.to_string(),
                 target: target.to_string(),
                 phase: phase.as_str().to_string(),
+            });
+        }
+        for reason in crate::mirror::Refusal::REASONS {
+            r.claim_refused.remove(&ReasonLabels {
+                origin: origin.to_string(),
+                target: target.to_string(),
+                reason: reason.to_string(),
             });
         }
     }

@@ -276,10 +276,11 @@ async fn shard_counts_survive_sessions_so_no_lease_passes_the_cap() {
 #[tokio::test]
 async fn a_deleted_peering_is_not_brought_back_by_a_deposed_worker_standing_by() {
     let (origin, peer, mut o, mut p) = origin_and_peer(200).await;
-    let cfg = fast_config("deposed");
+    let peering = object("a");
+    let cfg = claim("deposed", &peering, "b");
     let (deposed, _e) = start(cfg.clone(), plain(&origin), plain(&peer));
     wait_synced(&deposed).await;
-    let (current, _e) = start(fast_config("current"), plain(&origin), plain(&peer));
+    let (current, _e) = start(claim("current", &peering, "b"), plain(&origin), plain(&peer));
     wait_synced(&current).await;
     write_keys(&mut o, "a", 0..10, "v2").await;
     wait_health(&deposed, "the deposed worker stands by", |h| h.phase == Phase::Fenced).await;
@@ -290,6 +291,7 @@ async fn a_deleted_peering_is_not_brought_back_by_a_deposed_worker_standing_by()
         &plain(&peer),
         "a",
         aether_operator::mirror::retire::RetirePolicy::Delete,
+        &peering,
     )
     .await
     .unwrap();

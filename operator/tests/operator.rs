@@ -302,6 +302,40 @@ async fn deleting_a_region_peering_retires_its_mirror_under_each_policy() {
 }
 
 #[tokio::test]
+async fn deleting_a_refused_duplicate_leaves_the_live_region_alone() {
+    let (apiserver, a, b) =
+        tokio::try_join!(KubeApiserver::start("dup"), EtcdServer::start("dup-a"), EtcdServer::start("dup-b")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let client = prepare(&apiserver).await;
+    put_endpoints(&a, "a", 120).await;
+    let _operator = start_operator(&apiserver, dir.path(), "operator-dup", free_port());
+    let api: Api<RegionPeering> = Api::namespaced(client.clone(), NS);
+    create_json(&client, NS, peering("a", "a", &a, &[("b", &b)])).await.unwrap();
+    wait_condition(&api, "a", "Ready", "True", None).await;
+    assert_eq!(mirrored(&b, "a").await, 120);
+
+    // A second RegionPeering for region a on the same etcds, set to delete its mirror when it
+    // goes: refused, then deleted by the user.
+    let mut duplicate = peering("a-duplicate", "a", &a, &[("b", &b)]);
+    duplicate["spec"]["deletionPolicy"] = json!("Delete");
+    create_json(&client, NS, duplicate).await.unwrap();
+    wait_condition(&api, "a-duplicate", "Conflict", "True", Some("RegionClaimed")).await;
+    api.delete("a-duplicate", &DeleteParams::default()).await.unwrap();
+    wait_gone(&api, "a-duplicate").await;
+    assert_eq!(mirrored(&b, "a").await, 120, "deleting the refused duplicate deleted the live region's mirror");
+    assert!(!retired(&b, "a").await, "the live owner's record was retired");
+
+    // Three TTLs later region a still mirrors, writes still arrive, and it is Ready.
+    tokio::time::sleep(Duration::from_secs(3 * 6)).await; // the observation window
+    put_endpoints(&a, "a", 121).await;
+    wait_until("a write after the deletion reaches b", WAIT, || async { Ok(mirrored(&b, "a").await == 121) })
+        .await
+        .unwrap();
+    let rp = wait_condition(&api, "a", "Ready", "True", None).await;
+    assert_eq!(rp.status.unwrap().peers[0].phase, "Watching");
+}
+
+#[tokio::test]
 async fn status_is_applied_server_side_at_most_once_per_refresh_under_load() {
     let (apiserver, a, b) =
         tokio::try_join!(KubeApiserver::start("ssa"), EtcdServer::start("ssa-a"), EtcdServer::start("ssa-b")).unwrap();

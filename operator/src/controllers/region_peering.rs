@@ -31,6 +31,8 @@ pub struct ControllerSettings {
     pub refresh_interval: Duration,
     /// The Lease electing this region's leader ("namespace/name"), named in status.
     pub leader_lease: String,
+    /// This Kubernetes cluster's name ("": not given), recorded with each mirror's owner.
+    pub cluster_name: String,
 }
 
 struct Running {
@@ -205,13 +207,14 @@ async fn cleanup(rp: Arc<RegionPeering>, ctx: Arc<Context>) -> Result<Action, Er
         crate::api::DeletionPolicy::Lapse => mirror::retire::RetirePolicy::Lapse,
         crate::api::DeletionPolicy::Delete => mirror::retire::RetirePolicy::Delete,
     };
+    // Only what this object owns is retired: a refused duplicate's deletion touches nothing.
+    let object = owning_object(&ctx, &rp);
     for peer in &spec.peers {
         let outcome = match resolve(&ctx, &namespace, &peer.connection()).await {
             Err(e) => Err(anyhow::anyhow!("{e}")),
             Ok(access) => {
-                match tokio::time::timeout(RETIRE_TIMEOUT, mirror::retire::retire(&access.target, &spec.region, policy))
-                    .await
-                {
+                let retiring = mirror::retire::retire(&access.target, &spec.region, policy, &object);
+                match tokio::time::timeout(RETIRE_TIMEOUT, retiring).await {
                     Ok(r) => r,
                     Err(_) => Err(anyhow::anyhow!("no answer within {RETIRE_TIMEOUT:?}")),
                 }
@@ -319,7 +322,17 @@ async fn read(ctx: &Context, rp: &RegionPeering, key: &str) -> Read {
             if finished {
                 warn!(object = key, peer, "mirror worker ended on its own; starting it again");
             }
-            !finished
+            // Retired while its object exists (a retirement it did not ask for): a new worker
+            // takes the mirror back. Dropping the handle stops this one.
+            let retired = r.handle.health().phase == mirror::Phase::Retired;
+            if retired {
+                warn!(
+                    object = key,
+                    peer, "the mirror was retired from the peer while its RegionPeering exists; starting it again"
+                );
+                r.events.abort();
+            }
+            !finished && !retired
         });
         workers.iter().map(|(peer, r)| (peer.clone(), r.fingerprint)).collect()
     };
@@ -499,6 +512,16 @@ fn mirror_config(spec: &RegionPeeringSpec, peer: &str, owner: &str, budget: Arc<
     c
 }
 
+/// The object a worker mirrors for, as the peers record it.
+fn owning_object(ctx: &Context, rp: &RegionPeering) -> mirror::OwningObject {
+    mirror::OwningObject {
+        namespace: rp.namespace().unwrap_or_default(),
+        name: rp.name_any(),
+        uid: rp.uid().unwrap_or_default(),
+        cluster: ctx.settings.cluster_name.clone(),
+    }
+}
+
 fn start_worker(
     ctx: &Arc<Context>,
     rp: &RegionPeering,
@@ -509,7 +532,8 @@ fn start_worker(
     remote: Access,
 ) {
     let owner = format!("{}/{:08x}", ctx.settings.identity, rand::random::<u32>());
-    let config = mirror_config(&rp.spec, peer, &owner, verify_budget(ctx, key, &rp.spec));
+    let mut config = mirror_config(&rp.spec, peer, &owner, verify_budget(ctx, key, &rp.spec));
+    config.object = Some(owning_object(ctx, rp));
     let (tx, mut rx) = tokio::sync::mpsc::channel::<MirrorEvent>(256);
     let handle = mirror::spawn(config, local.target, remote.target, tx);
     let reference = rp.object_ref(&());
@@ -560,6 +584,9 @@ pub fn describe(event: &MirrorEvent, region: &str, peer: &str) -> (EventType, &'
             "Fenced",
             format!("{region} -> {peer}: {by} owns this mirror now; this worker stopped writing"),
         ),
+        MirrorEvent::Refused(refusal) => {
+            (EventType::Warning, refusal.reason, format!("{region} -> {peer}: {}", refusal.message))
+        }
         MirrorEvent::RegionUnreachable => (
             EventType::Warning,
             "RegionUnreachable",

@@ -98,6 +98,8 @@ pub fn compute(previous: Option<&RegionPeeringStatus>, obs: &Observation) -> Reg
     ];
     if let Some(conflict) = &obs.conflict {
         verdicts.push((CONFLICT, verdict(true, "RegionClaimed", conflict.clone())));
+    } else if let Some(refusal) = refused(&facts) {
+        verdicts.push((CONFLICT, verdict(true, refusal.reason, refusal.message.clone())));
     }
     if spec.suspend {
         verdicts.push((SUSPENDED, verdict(true, "SuspendedBySpec", "spec.suspend is true")));
@@ -160,6 +162,9 @@ fn ready(f: &Facts) -> Verdict {
     if spec.peers.is_empty() {
         return verdict(true, "NoPeers", "single region: nothing to mirror");
     }
+    if let Some(refusal) = refused(f) {
+        return verdict(false, refusal.reason, refusal.message.clone());
+    }
     if let Some(h) = obs.peers.iter().find(|h| h.phase == Phase::Fenced) {
         return verdict(
             false,
@@ -208,6 +213,18 @@ fn ready(f: &Facts) -> Verdict {
     }
     let reason = if obs.peers.iter().any(|h| !h.synced) { "PeerNotSynced" } else { "PeerNotReady" };
     verdict(false, reason, not_ready.join("; "))
+}
+
+/// The first refused claim of a running worker on a peer of the spec: a duplicate RegionPeering,
+/// a peer that is the origin itself, one etcd under two peer names.
+fn refused<'a>(f: &Facts<'a>) -> Option<&'a crate::mirror::Refusal> {
+    let spec = f.obs.spec;
+    f.obs
+        .peers
+        .iter()
+        .filter(|h| h.phase == Phase::Refused && spec.peers.iter().any(|p| p.region == h.peer))
+        .find_map(|h| h.refusal.as_ref())
+        .filter(|_| f.running)
 }
 
 /// Replicating: every worker is past its sync and watching.
@@ -356,11 +373,14 @@ fn peer_status(h: &PeerHealth, now: SystemTime) -> PeerStatus {
             .map(|(key, bytes)| OversizedValue { key: key.clone(), bytes: *bytes as i64 })
             .collect(),
         last_error: h
-            .last_error
+            .refusal
             .as_ref()
-            .map(|e| match h.last_error_time {
-                Some(t) => format!("{}: {e}", to_time(t).0.strftime("%Y-%m-%dT%H:%M:%SZ")),
-                None => e.clone(),
+            .map(|r| format!("{}: {}", r.reason, r.message))
+            .or_else(|| {
+                h.last_error.as_ref().map(|e| match h.last_error_time {
+                    Some(t) => format!("{}: {e}", to_time(t).0.strftime("%Y-%m-%dT%H:%M:%SZ")),
+                    None => e.clone(),
+                })
             })
             .or_else(|| h.layout_problem.clone()),
     }
@@ -529,6 +549,30 @@ mod tests {
         assert_eq!(status.peers[0].keepalive.last_round_milliseconds, Some(10_500));
         h.record_keepalive_rtt(Duration::from_millis(900));
         assert_eq!(get(&compute(None, &observe(&spec, vec![h], now)), KEEPALIVE_DEGRADED).status, "False");
+    }
+
+    #[test]
+    fn a_refused_claim_is_a_conflict_that_names_both_sides_and_ready_says_so() {
+        let now = SystemTime::now();
+        let spec = spec(&["b", "c"]);
+        let mut refused = PeerHealth::new("a", "c", 30);
+        refused.phase = Phase::Refused;
+        let message = "peers b and c of RegionPeering fed/a (uid 1) are one etcd (cluster 7): remove one of them";
+        refused.refusal = Some(crate::mirror::Refusal { reason: "DuplicatePeer", message: message.into() });
+        let status = compute(None, &observe(&spec, vec![healthy("b", now), refused], now));
+        let ready = get(&status, READY);
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str(), ready.message.as_str()),
+            ("False", "DuplicatePeer", message)
+        );
+        let conflict = get(&status, CONFLICT);
+        assert_eq!((conflict.status.as_str(), conflict.reason.as_str()), ("True", "DuplicatePeer"));
+        assert_eq!(status.peers_ready.as_deref(), Some("1/2"));
+        assert_eq!(status.peers[1].phase, "Refused");
+        // Once the claim is taken, the condition goes.
+        let status = compute(Some(&status), &observe(&spec, vec![healthy("b", now), healthy("c", now)], now));
+        assert!(status.conditions.iter().all(|c| c.type_ != CONFLICT));
+        assert_eq!(get(&status, READY).status, "True");
     }
 
     #[test]

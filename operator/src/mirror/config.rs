@@ -16,6 +16,10 @@ pub struct MirrorConfig {
     pub peer: String,
     /// This worker instance, unique across restarts and replicas (it is the fencing identity).
     pub owner_id: String,
+    /// The object this worker mirrors for, recorded on the peer: a claim of another object on the
+    /// same region is refused, and deleting an object retires only what it owns. None: a worker
+    /// run without one (compatible with every claim).
+    pub object: Option<super::records::checkpoint::OwningObject>,
     pub lease_ttl_seconds: i64,
     pub keepalive_interval: Duration,
     pub max_keys_per_lease: u64,
@@ -62,6 +66,7 @@ impl MirrorConfig {
             origin: origin.to_string(),
             peer: peer.to_string(),
             owner_id: owner_id.to_string(),
+            object: None,
             lease_ttl_seconds: 30,
             keepalive_interval: Duration::from_secs(10),
             max_keys_per_lease: 1_000,

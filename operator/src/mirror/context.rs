@@ -59,6 +59,9 @@ pub(super) struct State {
     /// Shards whose count moved from the recorded one by more than the drift allowed
     /// (`State::count_drifted`): the watch records them.
     pub drifted: BTreeSet<usize>,
+    /// A contested owner record (its mod revision) and when this worker first saw it: an owner
+    /// that records no lease yet is given two TTLs to grant them before it counts as gone.
+    pub contest_seen: Option<(i64, std::time::Instant)>,
 }
 
 /// How far a shard's count may move from the recorded one before it is recorded again: an eighth

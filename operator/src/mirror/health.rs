@@ -14,6 +14,8 @@ pub enum Phase {
     /// The mirror was retired from the peer (its RegionPeering deleted) after this worker owned
     /// it; the worker stopped for good.
     Retired,
+    /// The worker writes nothing: its claim on the peer is refused (see `PeerHealth::refusal`).
+    Refused,
     Stopped,
 }
 
@@ -27,11 +29,12 @@ impl Phase {
             Phase::Backoff => "Backoff",
             Phase::Fenced => "Fenced",
             Phase::Retired => "Retired",
+            Phase::Refused => "Refused",
             Phase::Stopped => "Stopped",
         }
     }
 
-    pub const ALL: [Phase; 8] = [
+    pub const ALL: [Phase; 9] = [
         Phase::Connecting,
         Phase::Syncing,
         Phase::Watching,
@@ -39,8 +42,22 @@ impl Phase {
         Phase::Backoff,
         Phase::Fenced,
         Phase::Retired,
+        Phase::Refused,
         Phase::Stopped,
     ];
+}
+
+/// Why a worker writes nothing to its peer: a claim on the peer it must not take. `reason` is a
+/// condition reason; the message names both sides and says what to do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refusal {
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl Refusal {
+    /// Every reason a claim is refused for.
+    pub const REASONS: [&'static str; 3] = ["DuplicateOrigin", "DuplicatePeer", "PeerIsOrigin"];
 }
 
 /// The health of one (origin, peer) mirror.
@@ -75,6 +92,8 @@ pub struct PeerHealth {
     pub last_error_time: Option<SystemTime>,
     /// The class of the last error (`problem::Problem::reason`), a condition reason.
     pub last_error_reason: Option<&'static str>,
+    /// Set while the worker's claim on the peer is refused (phase `Refused`).
+    pub refusal: Option<Refusal>,
     /// Source revisions too large for one Txn, applied in parts.
     pub split_revisions: u64,
     pub txns: u64,
@@ -170,6 +189,7 @@ impl PeerHealth {
             last_error: None,
             last_error_time: None,
             last_error_reason: None,
+            refusal: None,
             split_revisions: 0,
             txns: 0,
             ops: 0,
@@ -267,6 +287,8 @@ pub enum MirrorEvent {
     Fenced {
         by: String,
     },
+    /// The worker's claim on the peer is refused; it writes nothing there.
+    Refused(Refusal),
     RegionUnreachable,
     RegionReachable,
     RevisionSplit {

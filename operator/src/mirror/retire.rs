@@ -10,9 +10,13 @@
 //! Either way the owner record becomes a tombstone that stays: a worker that owned the mirror
 //! and still runs somewhere (a deposed leader standing by) sees it and never takes the mirror
 //! back; only a new RegionPeering's worker may.
+//!
+//! Only what the deleted object owns is retired: a record naming another object (the live
+//! owner of a region whose duplicate was refused and is now deleted), or none (a record of an
+//! earlier version), is left alone, and so is everything it owns.
 use crate::keys;
 use crate::mirror::EtcdTarget;
-use crate::mirror::records::checkpoint::{Checkpoint, Owner};
+use crate::mirror::records::checkpoint::{Checkpoint, Owner, OwningObject};
 use anyhow::Context;
 use etcd_client::{Compare, CompareOp, DeleteOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
 
@@ -33,10 +37,36 @@ pub enum Retired {
     Deleted { keys: i64 },
     /// Another worker owns the mirror now: left alone.
     OwnedByAnother,
+    /// The mirror is another object's (or its owner record names none): left alone.
+    NotOurs { owner: String },
 }
 
-pub async fn retire(peer: &EtcdTarget, origin: &str, policy: RetirePolicy) -> anyhow::Result<Retired> {
+/// Retires `object`'s mirror of `origin` from one peer. Another worker of the same object may
+/// take the mirror over between the read and the write (a deposed leader standing by, seeing its
+/// successor stop): the owner record is then read again, a few times.
+pub async fn retire(
+    peer: &EtcdTarget,
+    origin: &str,
+    policy: RetirePolicy,
+    object: &OwningObject,
+) -> anyhow::Result<Retired> {
     let mut client = peer.connect().await.context("connecting to the peer")?;
+    let mut outcome = Retired::OwnedByAnother;
+    for _ in 0..3 {
+        outcome = retire_once(&mut client, origin, policy, object).await?;
+        if outcome != Retired::OwnedByAnother {
+            break;
+        }
+    }
+    Ok(outcome)
+}
+
+async fn retire_once(
+    client: &mut etcd_client::Client,
+    origin: &str,
+    policy: RetirePolicy,
+    object: &OwningObject,
+) -> anyhow::Result<Retired> {
     let owner_key = keys::owner_key(origin);
     let read = client
         .txn(
@@ -50,6 +80,16 @@ pub async fn retire(peer: &EtcdTarget, origin: &str, policy: RetirePolicy) -> an
     });
     let (owner, checkpoint) = (gets.next().flatten(), gets.next().flatten());
     drop(gets);
+    let recorded = owner.as_ref().and_then(|(_, v)| Owner::decode(v));
+    match recorded.as_ref().and_then(|o| o.object.as_ref()) {
+        Some(o) if o.uid == object.uid => {}
+        Some(other) => return Ok(Retired::NotOurs { owner: other.describe() }),
+        None if owner.is_none() => return Ok(Retired::NotOurs { owner: "nobody".into() }),
+        None => {
+            let name = recorded.map_or_else(|| "an unreadable owner record".to_string(), |o| o.owner);
+            return Ok(Retired::NotOurs { owner: format!("{name} (a record that names no object)") });
+        }
+    }
     let fence = match &owner {
         Some((mod_revision, _)) => Compare::mod_revision(owner_key.as_str(), CompareOp::Equal, *mod_revision),
         None => Compare::version(owner_key.as_str(), CompareOp::Equal, 0),
@@ -65,12 +105,14 @@ pub async fn retire(peer: &EtcdTarget, origin: &str, policy: RetirePolicy) -> an
             TxnOp::delete(after_owner.clone(), Some(DeleteOptions::new().with_range(federation_end.clone()))),
         ]
     };
-    let generation = owner.as_ref().and_then(|(_, v)| Owner::decode(v)).map_or(0, |o| o.generation);
+    let generation = recorded.map_or(0, |o| o.generation);
     let tombstone = Owner {
         owner: "retired".into(),
         acquired_at: k8s_openapi::jiff::Timestamp::now().to_string(),
         generation: generation + 1,
         retired: true,
+        object: Some(object.clone()),
+        ..Default::default()
     };
     let mut lapse_lease = None;
     let mut ops = match policy {
@@ -83,7 +125,7 @@ pub async fn retire(peer: &EtcdTarget, origin: &str, policy: RetirePolicy) -> an
             let checkpoint = checkpoint.as_ref().and_then(|(_, v)| Checkpoint::decode(v));
             let revision = read.header().map_or(0, |h| h.revision());
             let (checkpoint, _) = crate::mirror::records::store::complete(
-                &mut crate::mirror::target::kv(&client),
+                &mut crate::mirror::target::kv(client),
                 origin,
                 checkpoint,
                 revision,

@@ -4,17 +4,22 @@
 //! the mirror lapse. Then the origin, ownership (a new fencing epoch, taken only if the records
 //! are still what was read) and where to resume (`records::resume`), then sync and watch.
 use super::context::{State, Worker};
+use super::health::Refusal;
 use super::health::{MirrorEvent, Phase, ResyncCause};
 use super::leases::keeper::KeeperSignal;
+use super::leases::keeper::most_ttl_left;
 use super::records::checkpoint::Owner;
-use super::records::resume::{OriginStatus, OwnerDecision, Ownership, decide_ownership, decide_resume};
+use super::records::resume::{
+    Claimant, Contest, OriginStatus, OwnerDecision, Ownership, decide_contest, decide_ownership, decide_resume,
+    peer_is_origin,
+};
 use super::records::store::{Records, read_records};
 use super::streams::spread::Spread;
 use super::streams::watch::WatchEnd;
 use crate::keys;
 use anyhow::{Context, anyhow};
 use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
@@ -24,6 +29,8 @@ pub(super) enum SessionEnd {
     Fenced(String),
     /// The mirror was retired from the peer (its RegionPeering deleted): never take it back.
     Retired(String),
+    /// The claim on the peer is refused: nothing was kept alive or written.
+    Refused(Refusal),
 }
 
 impl Worker {
@@ -39,11 +46,14 @@ impl Worker {
         let mut spread = Spread::new(peer.clone());
         self.shared.update(|h| h.peer_connections = 1);
         // The auth probe writes nothing, so it flies beside the records' reads (a round trip less
-        // across distance); the leases are kept without waiting for its answer.
+        // across distance); the leases are kept without waiting for its answer. So does the
+        // origin's status, which tells a peer that is the origin itself before anything is kept
+        // or written when the origin answers by then.
         let probing = peer.clone();
         let probe = self.auth_binds(&probing);
-        tokio::pin!(probe);
-        let mut auth_binds = None;
+        let origin = self.connect_origin();
+        tokio::pin!(probe, origin);
+        let (mut auth_binds, mut origin_early) = (None, None);
         let records = {
             let reading = self.read_records(&peer);
             tokio::pin!(reading);
@@ -51,17 +61,30 @@ impl Worker {
                 tokio::select! {
                     records = &mut reading => break records?,
                     answer = &mut probe, if auth_binds.is_none() => auth_binds = Some(answer),
+                    answer = &mut origin, if origin_early.is_none() => origin_early = Some(answer),
                 }
             }
         };
+        let claimant = self.claimant();
+        if let Some(Ok((_, status))) = &origin_early
+            && status.cluster_id == records.cluster_id
+        {
+            return Ok(SessionEnd::Refused(peer_is_origin(&claimant, &self.config.origin, records.cluster_id)));
+        }
         state.stored_checkpoint = records.stored.clone();
         let first_session = state.ownership.epoch.is_none();
-        let (generation, restored) =
-            match decide_ownership(&self.config.owner_id, &state.ownership, records.owner.as_ref()) {
-                OwnerDecision::Fenced { by } => return Ok(SessionEnd::Fenced(by)),
-                OwnerDecision::Retired { by } => return Ok(SessionEnd::Retired(by)),
-                OwnerDecision::Take { generation, restored } => (generation, restored),
-            };
+        let (generation, restored) = match decide_ownership(&claimant, &state.ownership, records.owner.as_ref()) {
+            OwnerDecision::Fenced { by } => return Ok(SessionEnd::Fenced(by)),
+            OwnerDecision::Retired { by } => return Ok(SessionEnd::Retired(by)),
+            OwnerDecision::Take { generation, restored } => (generation, restored),
+            OwnerDecision::Contested { contest, generation } => {
+                match self.contest(state, &peer, &records, &contest).await {
+                    Some(refusal) => return Ok(SessionEnd::Refused(refusal)),
+                    None => (generation, false),
+                }
+            }
+        };
+        state.contest_seen = None;
         if restored {
             warn!("the peer's owner record went back (a restore of the peer?); resuming from what the peer holds");
         }
@@ -87,8 +110,13 @@ impl Worker {
             Some(answer) => answer?,
             None => probe.await?,
         };
-        let mut local = self.local.connect().await.context("connecting to the local etcd")?;
-        let origin = self.origin_status(&mut local).await?;
+        let (mut local, origin) = match origin_early {
+            Some(answer) => answer?,
+            None => origin.await?,
+        };
+        if origin.cluster_id == records.cluster_id {
+            return Ok(SessionEnd::Refused(peer_is_origin(&claimant, &self.config.origin, records.cluster_id)));
+        }
         state.lease_cap = crate::mirror::plan::lease_cap(self.config.max_keys_per_lease, state.auth_binds);
         // Whether each lease is alive, from the peer's answers to the renewals.
         let ttl = Duration::from_secs(self.config.lease_ttl_seconds.max(1) as u64);
@@ -111,7 +139,8 @@ impl Worker {
             );
         }
 
-        let epoch = self.acquire(&peer, &records, generation, resume.applied).await?;
+        let epoch = self.acquire(&peer, &records, generation, resume.applied, origin.cluster_id).await?;
+        self.shared.update(|h| h.refusal = None);
         state.ownership = Ownership { epoch: Some(epoch), generation, take_over: false };
         state.layout = crate::mirror::leases::shards::Layout::recorded(&resume.slots, resume.leases.len());
         state.leases = resume.leases;
@@ -224,6 +253,51 @@ impl Worker {
         }
     }
 
+    /// This worker's claim on the peer.
+    pub(super) fn claimant(&self) -> Claimant<'_> {
+        Claimant { owner_id: &self.config.owner_id, object: self.config.object.as_ref(), peer: &self.config.peer }
+    }
+
+    /// A connection to the origin etcd and what it answers now.
+    async fn connect_origin(&self) -> anyhow::Result<(Client, OriginStatus)> {
+        let mut local = self.local.connect().await.context("connecting to the local etcd")?;
+        let status = self.origin_status(&mut local).await?;
+        Ok((local, status))
+    }
+
+    /// Another claim owns the mirror: refused while its leases live, taken over once they have
+    /// all lapsed (its owner is gone). Reads the leases' time to live without renewing them.
+    async fn contest(&self, state: &mut State, peer: &Client, records: &Records, contest: &Contest) -> Option<Refusal> {
+        let epoch = records.owner.as_ref().map_or(0, |r| r.mod_revision);
+        let seen_since = match state.contest_seen {
+            Some((seen, at)) if seen == epoch => at,
+            _ => state.contest_seen.insert((epoch, Instant::now())).1,
+        };
+        let leases: Vec<i64> = records
+            .checkpoint
+            .iter()
+            .flat_map(|c| c.leases.iter().chain(&c.retiring))
+            .copied()
+            .filter(|id| *id != 0)
+            .collect();
+        let alive = match leases.is_empty() {
+            true => None,
+            // A peer that cannot say counts as alive: never take over on a guess.
+            false => Some(most_ttl_left(peer, &leases, self.config.rpc_timeout).await.is_none_or(|ttl| ttl > 0)),
+        };
+        let ttl = Duration::from_secs(self.config.lease_ttl_seconds.max(1) as u64);
+        if decide_contest(alive, seen_since.elapsed(), ttl) {
+            return Some(contest.refusal(
+                &self.claimant(),
+                &self.config.origin,
+                records.cluster_id,
+                self.config.lease_ttl_seconds,
+            ));
+        }
+        warn!(?contest, "the other claim on this mirror renews nothing any more (its leases lapsed); taking it over");
+        None
+    }
+
     /// The origin's cluster id and current revision.
     async fn origin_status(&self, local: &mut Client) -> anyhow::Result<OriginStatus> {
         let status = self.rpc("origin status", local.status()).await?;
@@ -234,7 +308,14 @@ impl Worker {
     /// Writes the owner record (a new epoch: its mod revision) and the progress record under this
     /// worker's name, if the records are still what this session read: a predecessor still
     /// running may have recorded a lease since (a split), which this session must keep alive.
-    async fn acquire(&self, peer: &Client, read: &Records, generation: u64, applied: i64) -> anyhow::Result<i64> {
+    async fn acquire(
+        &self,
+        peer: &Client,
+        read: &Records,
+        generation: u64,
+        applied: i64,
+        origin_cluster_id: u64,
+    ) -> anyhow::Result<i64> {
         let origin = &self.config.origin;
         let key = keys::owner_key(origin);
         let owner_unchanged = match &read.owner {
@@ -250,7 +331,10 @@ impl Worker {
             owner: self.config.owner_id.clone(),
             acquired_at: k8s_openapi::jiff::Timestamp::now().to_string(),
             generation,
-            retired: false,
+            object: self.config.object.clone(),
+            origin_cluster_id,
+            peer: self.config.peer.clone(),
+            ..Default::default()
         };
         let txn = Txn::new()
             .when([owner_unchanged, checkpoint_unchanged, parts_unchanged])

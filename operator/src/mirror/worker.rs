@@ -9,14 +9,15 @@
 use crate::mirror::backoff::Backoff;
 use crate::mirror::context::{State, Worker};
 use crate::mirror::detector::ReachabilityDetector;
-use crate::mirror::health::{MirrorEvent, PeerHealth, Phase};
-use crate::mirror::leases::keeper::{Keeper, KeeperSignal, any_lease_alive};
+use crate::mirror::health::{MirrorEvent, PeerHealth, Phase, Refusal};
+use crate::mirror::leases::keeper::{Keeper, KeeperSignal, most_ttl_left};
 use crate::mirror::problem::Classified;
 use crate::mirror::records::resume::{OwnerDecision, decide_ownership};
 use crate::mirror::session::SessionEnd;
 use crate::mirror::shared::Shared;
 use crate::mirror::target::ConnectError;
 use crate::mirror::{EtcdTarget, MirrorConfig};
+use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime};
 use tokio::sync::{mpsc, watch};
@@ -42,10 +43,11 @@ impl MirrorHandle {
     }
 
     /// A clean stop: keepalives stop and nothing is revoked, so the mirror on the peer stays
-    /// until the leases lapse or a successor adopts them.
-    pub async fn shutdown(self) {
+    /// until the leases lapse or a successor adopts them. Ownership is released on the peer, so
+    /// that a worker of the same object standing by takes over at once.
+    pub async fn shutdown(mut self) {
         self.cancel.cancel();
-        let _ = self.task.await;
+        let _ = (&mut self.task).await;
     }
 
     /// Stops the worker as a crash would: no further request of any kind.
@@ -55,6 +57,14 @@ impl MirrorHandle {
 
     pub fn is_finished(&self) -> bool {
         self.task.is_finished()
+    }
+}
+
+/// A handle dropped without a stop (an aborted reconcile, say) stops its worker as `shutdown`
+/// does, instead of leaving it running where nobody sees or stops it.
+impl Drop for MirrorHandle {
+    fn drop(&mut self) {
+        self.cancel.cancel();
     }
 }
 
@@ -81,6 +91,9 @@ pub fn spawn(
     MirrorHandle { health: health_rx, cancel, task }
 }
 
+/// How long a clean stop waits for the peer to take the release.
+const RELEASE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// How standing by ended.
 enum StandBy {
     Resume,
@@ -102,6 +115,11 @@ impl Worker {
                 Ok(SessionEnd::Retired(by)) => {
                     self.retired(&by).await;
                     break;
+                }
+                Ok(SessionEnd::Refused(refusal)) => {
+                    if !self.refused(refusal).await {
+                        break;
+                    }
                 }
                 Ok(SessionEnd::Fenced(by)) => {
                     warn!(%by, "fenced: another worker owns this mirror now; this one stops writing and stands by");
@@ -154,7 +172,58 @@ impl Worker {
         }
         // No revoke: the leases lapse on their own unless a successor adopts them (the keeper
         // stops with the worker).
+        self.release(&state).await;
         self.shared.phase(Phase::Stopped);
+    }
+
+    /// A clean stop marks the owner record released (if it is still this worker's), so that a
+    /// worker of the same object standing by takes over at once rather than when the leases run
+    /// low. Bounded: a peer that does not answer is left to the leases.
+    async fn release(&self, state: &State) {
+        let Some(epoch) = state.ownership.epoch else { return };
+        let key = crate::keys::owner_key(&self.config.origin);
+        let owner = crate::mirror::records::checkpoint::Owner {
+            owner: self.config.owner_id.clone(),
+            acquired_at: k8s_openapi::jiff::Timestamp::now().to_string(),
+            generation: state.ownership.generation,
+            released: true,
+            object: self.config.object.clone(),
+            origin_cluster_id: state.origin_cluster_id,
+            peer: self.config.peer.clone(),
+            ..Default::default()
+        };
+        let release = async {
+            let peer = self.peer.connect().await.ok()?;
+            let still_ours = Compare::mod_revision(key.as_str(), CompareOp::Equal, epoch);
+            let txn = Txn::new().when([still_ours]).and_then([TxnOp::put(key.as_str(), owner.encode(), None)]);
+            crate::mirror::target::kv(&peer).txn(txn).await.ok().map(|r| r.succeeded())
+        };
+        match tokio::time::timeout(self.config.rpc_timeout.min(RELEASE_TIMEOUT), release).await {
+            Ok(Some(true)) => info!("ownership released on the peer"),
+            Ok(Some(false)) => {}
+            _ => warn!("could not release ownership on the peer; a successor takes over when the leases run low"),
+        }
+    }
+
+    /// The claim on the peer is refused: reports it (an event when it is new), keeps nothing
+    /// alive, and looks again after a keepalive interval. False when the worker is stopped
+    /// meanwhile.
+    async fn refused(&self, refusal: Refusal) -> bool {
+        self.keeper.keep(&[], &[]);
+        let new = self.shared.health.borrow().refusal.as_ref() != Some(&refusal);
+        if new {
+            warn!(reason = refusal.reason, message = %refusal.message, "the claim on the peer is refused; nothing is written");
+            self.shared.emit(MirrorEvent::Refused(refusal.clone()));
+        }
+        self.shared.update(|h| {
+            h.phase = Phase::Refused;
+            h.synced = false;
+            h.refusal = Some(refusal);
+        });
+        tokio::select! {
+            _ = self.cancel.cancelled() => false,
+            _ = tokio::time::sleep(self.config.keepalive_interval) => true,
+        }
     }
 
     /// Classifies a failed session: a connection that failed says which etcd; any other failure
@@ -185,31 +254,39 @@ impl Worker {
 
     /// Fenced: keeps the leases alive until a successor shows itself (it writes the progress
     /// record under its own name when it takes over), then lets them go. Resumes when the owner
-    /// record turns out to be a restored old one, when it is gone, when nobody takes over within
-    /// two TTLs, or when the successor's leases have all lapsed.
+    /// record turns out to be a restored old one, when it is gone or released (the successor
+    /// stopped cleanly), when nobody takes over within two TTLs, or when the successor's leases
+    /// have gone unrenewed for half a TTL (it died or lost the peer): never after they lapsed.
     async fn stand_by(&self, state: &mut State) -> StandBy {
         let started = Instant::now();
-        let patience = std::time::Duration::from_secs(2 * self.config.lease_ttl_seconds.max(1) as u64);
+        let ttl = self.config.lease_ttl_seconds.max(1);
+        let patience = std::time::Duration::from_secs(2 * ttl as u64);
+        // Watching a successor's leases, look often enough to take over with a third of the
+        // TTL still left.
+        let watching = self.config.keepalive_interval.min(std::time::Duration::from_secs(ttl as u64) / 6);
         let mut successor_seen = false;
         let mut first = true;
         loop {
             // The first look is at once: a peer wiped or restored to before any owner is taken
             // back now, not an interval later.
             if !first {
+                let interval = if successor_seen { watching } else { self.config.keepalive_interval };
                 tokio::select! {
                     _ = self.cancel.cancelled() => return StandBy::Shutdown,
-                    _ = tokio::time::sleep(self.config.keepalive_interval) => {}
+                    _ = tokio::time::sleep(interval) => {}
                 }
             }
             first = false;
             let Ok(peer) = self.peer.connect().await else { continue };
             let Ok(records) = self.read_records(&peer).await else { continue };
-            let decision = decide_ownership(&self.config.owner_id, &state.ownership, records.owner.as_ref());
+            let decision = decide_ownership(&self.claimant(), &state.ownership, records.owner.as_ref());
             match decision {
                 OwnerDecision::Take { .. } => {
-                    info!("the owner record is gone or an old one came back; resuming");
+                    info!("the owner record is gone, released, or an old one came back; resuming");
                     return StandBy::Resume;
                 }
+                // Another object's claim: the session looks at it (and refuses it while it lives).
+                OwnerDecision::Contested { .. } => return StandBy::Resume,
                 OwnerDecision::Retired { by } => return StandBy::Retired(by),
                 OwnerDecision::Fenced { .. } => {}
             }
@@ -225,9 +302,12 @@ impl Worker {
             }
             if successor_seen {
                 let leases: Vec<i64> = records.checkpoint.as_ref().map(|c| c.leases.clone()).unwrap_or_default();
-                let any_alive = any_lease_alive(&peer, &leases, self.config.rpc_timeout).await;
-                if !leases.is_empty() && any_alive == Some(false) {
-                    warn!("the successor's leases all lapsed; resuming");
+                let left = most_ttl_left(&peer, &leases, self.config.rpc_timeout).await;
+                if !leases.is_empty() && left.is_some_and(|left| left * 2 <= ttl) {
+                    warn!(
+                        ttl_left = left.unwrap_or_default(),
+                        "the successor stopped renewing the mirror's leases; resuming before they lapse"
+                    );
                     return StandBy::Resume;
                 }
             }

@@ -25,6 +25,24 @@ pub fn fast_config(owner: &str) -> MirrorConfig {
     c
 }
 
+/// A RegionPeering as the peers record its workers' claims.
+pub fn object(name: &str) -> mirror::OwningObject {
+    mirror::OwningObject {
+        namespace: "aether-system".into(),
+        name: name.into(),
+        uid: format!("uid-{name}"),
+        cluster: "east".into(),
+    }
+}
+
+/// The fault tests' settings for a worker of `object`'s mirroring into `peer`.
+pub fn claim(owner: &str, object: &mirror::OwningObject, peer: &str) -> MirrorConfig {
+    let mut c = fast_config(owner);
+    c.object = Some(object.clone());
+    c.peer = peer.to_string();
+    c
+}
+
 /// Starts a worker mirroring region "a" from `local` into `peer`.
 pub fn start(config: MirrorConfig, local: EtcdTarget, peer: EtcdTarget) -> (MirrorHandle, mpsc::Receiver<MirrorEvent>) {
     let (tx, rx) = mpsc::channel(8192);

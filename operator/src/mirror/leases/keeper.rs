@@ -451,18 +451,19 @@ fn describe(status: &tonic::Status) -> String {
     format!("{:?}: {}", status.code(), status.message())
 }
 
-/// Whether any of `ids` is alive on the peer (asked one at a time, up to the first alive one);
-/// None when the peer did not answer.
-pub async fn any_lease_alive(peer: &etcd_client::Client, ids: &[i64], timeout: Duration) -> Option<bool> {
-    for id in ids.iter().filter(|id| **id != 0) {
+/// The most time to live left, in seconds, among the first few of `ids`, read without renewing
+/// them: an owner renews all its leases together, so a few tell whether anyone still does.
+/// Some(0) when none of them is alive; None when the peer did not answer.
+pub async fn most_ttl_left(peer: &etcd_client::Client, ids: &[i64], timeout: Duration) -> Option<i64> {
+    let mut most = 0;
+    for id in ids.iter().filter(|id| **id != 0).take(8) {
         match tokio::time::timeout(timeout, peer.clone().lease_time_to_live(*id, None)).await {
-            Ok(Ok(resp)) if resp.ttl() > 0 => return Some(true),
-            Ok(Ok(_)) => {}
+            Ok(Ok(resp)) => most = most.max(resp.ttl()),
             Ok(Err(e)) if is_lease_not_found(&e) => {}
             _ => return None,
         }
     }
-    Some(false)
+    Some(most)
 }
 
 /// What one measured renewal round did.

@@ -385,7 +385,11 @@ impl Progress {
 
 /// The owner record: who writes this origin's mirror on this peer. Its mod revision is the
 /// fencing epoch every batch compares; every session of every worker takes a new one.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// It also says whose mirror it is (the object, the origin etcd, the peer's name for it), so
+/// that a second claim on the region is refused instead of taking the mirror over, and deleting
+/// an object retires only what that object owns.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Owner {
     pub owner: String,
@@ -398,6 +402,46 @@ pub struct Owner {
     /// worker that owned the mirror before never takes it back; only a new one may.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub retired: bool,
+    /// The owner stopped cleanly and renews nothing from now on: a worker of the same object
+    /// takes over at once instead of waiting for the leases to run low.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub released: bool,
+    /// The object that owns the mirror (None in records of earlier versions, and of workers run
+    /// without one, which every claimant is compatible with).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object: Option<OwningObject>,
+    /// The origin etcd's cluster id the owner mirrors from (0: unknown).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub origin_cluster_id: u64,
+    /// The peer region, as the owner names the etcd it writes ("": unknown).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub peer: String,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// The object (a RegionPeering) a worker mirrors for: its UID is its identity; the rest names
+/// it for a person.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OwningObject {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    /// The Kubernetes cluster it lives in, as its operator names it ("": not known).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub cluster: String,
+}
+
+impl OwningObject {
+    /// "ns/name (uid …) in Kubernetes cluster …", for messages.
+    pub fn describe(&self) -> String {
+        let cluster =
+            if self.cluster.is_empty() { String::new() } else { format!(" in Kubernetes cluster {}", self.cluster) };
+        format!("RegionPeering {}/{} (uid {}){cluster}", self.namespace, self.name, self.uid)
+    }
 }
 
 impl Owner {
@@ -519,7 +563,8 @@ mod tests {
         let mut newer_progress: serde_json::Value = serde_json::from_slice(&p.encode()).unwrap();
         newer_progress["format"] = serde_json::json!(RECORD_FORMAT + 1);
         assert_eq!(Progress::decode(newer_progress.to_string().as_bytes()), None);
-        let o = Owner { owner: "w".into(), acquired_at: "t".into(), generation: 1, retired: true };
+        let o =
+            Owner { owner: "w".into(), acquired_at: "t".into(), generation: 1, retired: true, ..Default::default() };
         assert_eq!(Owner::decode(&o.encode()), Some(o.clone()));
         let mut newer_owner: serde_json::Value = serde_json::from_slice(&o.encode()).unwrap();
         newer_owner["format"] = serde_json::json!(RECORD_FORMAT + 1);

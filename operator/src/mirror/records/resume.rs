@@ -2,8 +2,8 @@
 //! it resumes. Every session decides both afresh from what the peer records and what the origin
 //! says now, never from memory alone: a peer restored from a backup, an origin restored or
 //! replaced, or a successor that came and went are all seen this way.
-use crate::mirror::health::ResyncCause;
-use crate::mirror::records::checkpoint::{Checkpoint, Owner, Progress};
+use crate::mirror::health::{Refusal, ResyncCause};
+use crate::mirror::records::checkpoint::{Checkpoint, Owner, OwningObject, Progress};
 
 /// The owner record as read from the peer: its mod revision and its decoded value (None when the
 /// value is not an owner record).
@@ -24,6 +24,16 @@ pub struct Ownership {
     pub take_over: bool,
 }
 
+/// Who claims the mirror in a session: this worker, the object it mirrors for, and its name for
+/// the peer.
+#[derive(Clone, Copy, Debug)]
+pub struct Claimant<'a> {
+    pub owner_id: &'a str,
+    /// None for a worker run without an object (compatible with every record).
+    pub object: Option<&'a OwningObject>,
+    pub peer: &'a str,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum OwnerDecision {
     /// Write the owner record with this generation; its mod revision is the new epoch.
@@ -33,22 +43,68 @@ pub enum OwnerDecision {
     /// The mirror was retired from the peer (its RegionPeering deleted) after this worker owned
     /// it: it never takes it back.
     Retired { by: String },
+    /// Another claim owns it: refused while that owner's leases live (see [`decide_contest`]),
+    /// taken over (with this generation) once they have lapsed.
+    Contested { contest: Contest, generation: u64 },
+}
+
+/// A claim on this origin's mirror on this peer that is not this worker's object's own.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Contest {
+    /// Another object claims the region: a duplicate RegionPeering, here or in another
+    /// Kubernetes cluster, or two origin etcds both configured as this region.
+    DuplicateOrigin { owner: Owner },
+    /// This object already mirrors into this etcd under another peer name: one etcd listed
+    /// twice in `spec.peers`.
+    DuplicatePeer { other_peer: String },
+}
+
+/// Whether two owners are of one object: the same UID, or either not known (records of earlier
+/// versions, workers run without an object).
+fn same_object(a: Option<&OwningObject>, b: Option<&OwningObject>) -> bool {
+    match (a, b) {
+        (Some(a), Some(b)) => a.uid == b.uid,
+        _ => true,
+    }
 }
 
 /// Whether to take (or keep) ownership in a new session.
-pub fn decide_ownership(me: &str, mine: &Ownership, record: Option<&OwnerRecord>) -> OwnerDecision {
+pub fn decide_ownership(me: &Claimant, mine: &Ownership, record: Option<&OwnerRecord>) -> OwnerDecision {
     let Some(record) = record else {
         // Nobody owns it (first start, the key was deleted, or a restore from before any owner).
         return OwnerDecision::Take { generation: mine.generation.max(1), restored: mine.epoch.is_some() };
     };
     let theirs = record.owner.as_ref();
     let generation = theirs.map_or(0, |o| o.generation);
-    if let Some(tombstone) = theirs.filter(|o| o.retired)
-        && mine.epoch.is_some()
-    {
-        return OwnerDecision::Retired { by: tombstone.owner.clone() };
+    let ours_still = mine.epoch == Some(record.mod_revision);
+    if let Some(owner) = theirs.filter(|_| !ours_still) {
+        let same = same_object(me.object, owner.object.as_ref());
+        if owner.retired {
+            // A tombstone of this object stops a worker that owned the mirror; a tombstone of
+            // another object (deleted) leaves the mirror to whoever claims it now.
+            if same && mine.epoch.is_some() {
+                return OwnerDecision::Retired { by: owner.owner.clone() };
+            }
+            return OwnerDecision::Take { generation: generation + 1, restored: false };
+        }
+        if !same {
+            return OwnerDecision::Contested {
+                contest: Contest::DuplicateOrigin { owner: owner.clone() },
+                generation: generation.max(mine.generation) + 1,
+            };
+        }
+        if !owner.released && !owner.peer.is_empty() && owner.peer != me.peer {
+            return OwnerDecision::Contested {
+                contest: Contest::DuplicatePeer { other_peer: owner.peer.clone() },
+                generation: generation.max(mine.generation) + 1,
+            };
+        }
+        if owner.released {
+            // Its owner stopped cleanly and renews nothing: take over now, before anything lapses.
+            return OwnerDecision::Take { generation: generation.max(mine.generation) + 1, restored: false };
+        }
     }
-    if mine.epoch == Some(record.mod_revision) {
+    if ours_still {
         return OwnerDecision::Take { generation: mine.generation, restored: false };
     }
     if mine.epoch.is_none() || mine.take_over {
@@ -56,12 +112,66 @@ pub fn decide_ownership(me: &str, mine: &Ownership, record: Option<&OwnerRecord>
     }
     // We owned it and the record changed: our own older record, or an older generation, is a
     // restore of the peer; anything else is a successor.
-    let ours = theirs.is_some_and(|o| o.owner == me);
+    let ours = theirs.is_some_and(|o| o.owner == me.owner_id);
     if ours || (theirs.is_some() && generation < mine.generation) {
         return OwnerDecision::Take { generation: mine.generation, restored: true };
     }
     OwnerDecision::Fenced {
         by: theirs.map(|o| o.owner.clone()).unwrap_or_else(|| "an unreadable owner record".to_string()),
+    }
+}
+
+impl Contest {
+    /// What the refused worker reports: both claims, and what to do. `peer_cluster` is the peer
+    /// etcd's cluster id.
+    pub fn refusal(&self, me: &Claimant, origin: &str, peer_cluster: u64, ttl_seconds: i64) -> Refusal {
+        let mine = me.object.map_or_else(|| "this worker".to_string(), OwningObject::describe);
+        match self {
+            Contest::DuplicateOrigin { owner } => {
+                let theirs = owner.object.as_ref().map_or_else(|| owner.owner.clone(), OwningObject::describe);
+                let from = if owner.origin_cluster_id == 0 {
+                    String::new()
+                } else {
+                    format!(" from origin etcd cluster {:x}", owner.origin_cluster_id)
+                };
+                Refusal {
+                    reason: "DuplicateOrigin",
+                    message: format!(
+                        "region {origin} on peer {} (etcd cluster {peer_cluster:x}) is already mirrored by {theirs}{from}; {mine} claims the same region: nothing is written while that claim's leases live (they lapse {ttl_seconds}s after it stops renewing). Delete the duplicate RegionPeering, or give each origin etcd its own region name",
+                        me.peer
+                    ),
+                }
+            }
+            Contest::DuplicatePeer { other_peer } => Refusal {
+                reason: "DuplicatePeer",
+                message: format!(
+                    "peers {other_peer} and {} of {mine} are one etcd (cluster {peer_cluster:x}): region {origin} already mirrors into it as peer {other_peer}, so nothing is written as {}. Remove one of them from spec.peers",
+                    me.peer, me.peer
+                ),
+            },
+        }
+    }
+}
+
+/// The refusal of a peer that is the origin's own etcd (their cluster ids are equal).
+pub fn peer_is_origin(me: &Claimant, origin: &str, cluster_id: u64) -> Refusal {
+    Refusal {
+        reason: "PeerIsOrigin",
+        message: format!(
+            "peer {}'s endpoints reach region {origin}'s own etcd (cluster {cluster_id:x}): a region never mirrors into itself, and nothing was written. Point spec.peers[{}].endpoints at that region's etcd, or remove the peer",
+            me.peer, me.peer
+        ),
+    }
+}
+
+/// Whether a contested claim is refused: while the owner's leases live (`alive`: whether any of
+/// the recorded leases is alive; None when it records none, or the peer could not say), and for
+/// two TTLs after the claim was first seen without a lease to tell by (an owner that just took
+/// the mirror grants its leases within a round trip or two).
+pub fn decide_contest(alive: Option<bool>, seen_for: std::time::Duration, ttl: std::time::Duration) -> bool {
+    match alive {
+        Some(alive) => alive,
+        None => seen_for < 2 * ttl,
     }
 }
 
@@ -152,7 +262,11 @@ mod tests {
     use super::*;
 
     fn owner(name: &str, generation: u64) -> Option<Owner> {
-        Some(Owner { owner: name.into(), acquired_at: "t".into(), generation, retired: false })
+        Some(Owner { owner: name.into(), acquired_at: "t".into(), generation, ..Default::default() })
+    }
+
+    fn who(owner_id: &str) -> Claimant<'_> {
+        Claimant { owner_id, object: None, peer: "b" }
     }
 
     fn record(mod_revision: i64, name: &str, generation: u64) -> OwnerRecord {
@@ -162,9 +276,9 @@ mod tests {
     #[test]
     fn a_first_session_takes_the_next_generation() {
         let mine = Ownership::default();
-        assert_eq!(decide_ownership("me", &mine, None), OwnerDecision::Take { generation: 1, restored: false });
+        assert_eq!(decide_ownership(&who("me"), &mine, None), OwnerDecision::Take { generation: 1, restored: false });
         assert_eq!(
-            decide_ownership("me", &mine, Some(&record(5, "old", 7))),
+            decide_ownership(&who("me"), &mine, Some(&record(5, "old", 7))),
             OwnerDecision::Take { generation: 8, restored: false }
         );
     }
@@ -173,7 +287,7 @@ mod tests {
     fn every_later_session_keeps_its_generation_while_the_record_is_its_own() {
         let mine = Ownership { epoch: Some(5), generation: 8, take_over: false };
         assert_eq!(
-            decide_ownership("me", &mine, Some(&record(5, "me", 8))),
+            decide_ownership(&who("me"), &mine, Some(&record(5, "me", 8))),
             OwnerDecision::Take { generation: 8, restored: false }
         );
     }
@@ -182,36 +296,42 @@ mod tests {
     fn a_successor_fences_and_a_rolled_back_record_does_not() {
         let mine = Ownership { epoch: Some(5), generation: 8, take_over: false };
         assert_eq!(
-            decide_ownership("me", &mine, Some(&record(9, "next", 9))),
+            decide_ownership(&who("me"), &mine, Some(&record(9, "next", 9))),
             OwnerDecision::Fenced { by: "next".into() }
         );
         // A restore of the peer brings back our own older record, or a predecessor's.
         assert_eq!(
-            decide_ownership("me", &mine, Some(&record(3, "me", 8))),
+            decide_ownership(&who("me"), &mine, Some(&record(3, "me", 8))),
             OwnerDecision::Take { generation: 8, restored: true }
         );
         assert_eq!(
-            decide_ownership("me", &mine, Some(&record(3, "old", 7))),
+            decide_ownership(&who("me"), &mine, Some(&record(3, "old", 7))),
             OwnerDecision::Take { generation: 8, restored: true }
         );
-        assert_eq!(decide_ownership("me", &mine, None), OwnerDecision::Take { generation: 8, restored: true });
+        assert_eq!(decide_ownership(&who("me"), &mine, None), OwnerDecision::Take { generation: 8, restored: true });
         let garbage = OwnerRecord { mod_revision: 9, owner: None };
-        assert!(matches!(decide_ownership("me", &mine, Some(&garbage)), OwnerDecision::Fenced { .. }));
+        assert!(matches!(decide_ownership(&who("me"), &mine, Some(&garbage)), OwnerDecision::Fenced { .. }));
     }
 
     #[test]
     fn a_tombstone_stops_a_worker_that_owned_the_mirror_and_yields_to_a_new_one() {
         let tombstone = OwnerRecord {
             mod_revision: 9,
-            owner: Some(Owner { owner: "retired".into(), acquired_at: "t".into(), generation: 4, retired: true }),
+            owner: Some(Owner {
+                owner: "retired".into(),
+                acquired_at: "t".into(),
+                generation: 4,
+                retired: true,
+                ..Default::default()
+            }),
         };
         let standing_by = Ownership { epoch: Some(5), generation: 3, take_over: true };
         assert_eq!(
-            decide_ownership("me", &standing_by, Some(&tombstone)),
+            decide_ownership(&who("me"), &standing_by, Some(&tombstone)),
             OwnerDecision::Retired { by: "retired".into() }
         );
         assert_eq!(
-            decide_ownership("new", &Ownership::default(), Some(&tombstone)),
+            decide_ownership(&who("new"), &Ownership::default(), Some(&tombstone)),
             OwnerDecision::Take { generation: 5, restored: false }
         );
     }
@@ -220,9 +340,147 @@ mod tests {
     fn taking_over_after_standing_by_outranks_the_record() {
         let mine = Ownership { epoch: Some(5), generation: 8, take_over: true };
         assert_eq!(
-            decide_ownership("me", &mine, Some(&record(9, "ghost", 1000))),
+            decide_ownership(&who("me"), &mine, Some(&record(9, "ghost", 1000))),
             OwnerDecision::Take { generation: 1001, restored: false }
         );
+    }
+
+    fn object(uid: &str) -> OwningObject {
+        OwningObject {
+            namespace: "aether-system".into(),
+            name: format!("rp-{uid}"),
+            uid: uid.into(),
+            cluster: "k1".into(),
+        }
+    }
+
+    /// A live owner record of `uid`'s object, mirroring into `peer`.
+    fn claimed(mod_revision: i64, uid: &str, peer: &str) -> OwnerRecord {
+        OwnerRecord {
+            mod_revision,
+            owner: Some(Owner {
+                owner: format!("{uid}-worker"),
+                generation: 3,
+                object: Some(object(uid)),
+                origin_cluster_id: 11,
+                peer: peer.into(),
+                ..Default::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn a_claim_of_another_object_is_contested_never_taken_over_at_once() {
+        let x = object("x");
+        let me = Claimant { owner_id: "x-2", object: Some(&x), peer: "b" };
+        let theirs = claimed(9, "y", "b");
+        for mine in [Ownership::default(), Ownership { epoch: Some(5), generation: 8, take_over: true }] {
+            match decide_ownership(&me, &mine, Some(&theirs)) {
+                OwnerDecision::Contested { contest: Contest::DuplicateOrigin { owner }, generation } => {
+                    assert_eq!(owner.object, Some(object("y")));
+                    assert!(generation > 3 && generation > mine.generation);
+                }
+                other => panic!("{mine:?}: {other:?}"),
+            }
+        }
+        // Released by its owner: still another object's, so still contested.
+        let mut released = theirs.clone();
+        released.owner.as_mut().unwrap().released = true;
+        assert!(matches!(
+            decide_ownership(&me, &Ownership::default(), Some(&released)),
+            OwnerDecision::Contested { .. }
+        ));
+        // The same object (another worker of it, a successor leader) is the usual handoff.
+        let same = claimed(9, "x", "b");
+        assert_eq!(
+            decide_ownership(&me, &Ownership::default(), Some(&same)),
+            OwnerDecision::Take { generation: 4, restored: false }
+        );
+        // Records of earlier versions, and workers without an object, are compatible.
+        assert_eq!(
+            decide_ownership(&me, &Ownership::default(), Some(&record(9, "old", 3))),
+            OwnerDecision::Take { generation: 4, restored: false }
+        );
+        let anonymous = Claimant { owner_id: "w", object: None, peer: "b" };
+        assert!(matches!(
+            decide_ownership(&anonymous, &Ownership::default(), Some(&theirs)),
+            OwnerDecision::Take { .. }
+        ));
+    }
+
+    #[test]
+    fn one_etcd_under_two_peer_names_is_contested_until_released() {
+        let x = object("x");
+        let me = Claimant { owner_id: "x-c", object: Some(&x), peer: "c" };
+        let as_b = claimed(9, "x", "b");
+        assert_eq!(
+            decide_ownership(&me, &Ownership::default(), Some(&as_b)),
+            OwnerDecision::Contested { contest: Contest::DuplicatePeer { other_peer: "b".into() }, generation: 4 }
+        );
+        // A worker stopped cleanly (its peer renamed or removed) leaves the mirror to take.
+        let mut released = as_b.clone();
+        released.owner.as_mut().unwrap().released = true;
+        assert_eq!(
+            decide_ownership(&me, &Ownership::default(), Some(&released)),
+            OwnerDecision::Take { generation: 4, restored: false }
+        );
+    }
+
+    #[test]
+    fn a_released_record_of_this_object_is_taken_at_once_even_standing_by() {
+        let x = object("x");
+        let me = Claimant { owner_id: "x-1", object: Some(&x), peer: "b" };
+        let standing_by = Ownership { epoch: Some(5), generation: 8, take_over: false };
+        let mut released = claimed(12, "x", "b");
+        released.owner.as_mut().unwrap().released = true;
+        assert_eq!(
+            decide_ownership(&me, &standing_by, Some(&released)),
+            OwnerDecision::Take { generation: 9, restored: false }
+        );
+        // Not released: a live successor of the same object (a newer generation) fences.
+        let mut successor = claimed(12, "x", "b");
+        successor.owner.as_mut().unwrap().generation = 9;
+        assert!(matches!(decide_ownership(&me, &standing_by, Some(&successor)), OwnerDecision::Fenced { .. }));
+    }
+
+    #[test]
+    fn a_tombstone_stops_only_the_object_it_names() {
+        let x = object("x");
+        let me = Claimant { owner_id: "x-1", object: Some(&x), peer: "b" };
+        let owned = Ownership { epoch: Some(5), generation: 3, take_over: false };
+        let tombstone = |uid: &str| OwnerRecord {
+            mod_revision: 9,
+            owner: Some(Owner {
+                owner: "retired".into(),
+                generation: 4,
+                retired: true,
+                object: Some(object(uid)),
+                ..Default::default()
+            }),
+        };
+        assert_eq!(
+            decide_ownership(&me, &owned, Some(&tombstone("x"))),
+            OwnerDecision::Retired { by: "retired".into() }
+        );
+        assert_eq!(
+            decide_ownership(&me, &owned, Some(&tombstone("y"))),
+            OwnerDecision::Take { generation: 5, restored: false },
+            "another object's retirement is not this one's"
+        );
+        assert_eq!(
+            decide_ownership(&me, &Ownership::default(), Some(&tombstone("x"))),
+            OwnerDecision::Take { generation: 5, restored: false },
+            "a worker started again for an object that still exists takes its mirror back"
+        );
+    }
+
+    #[test]
+    fn a_contest_is_refused_while_the_owner_lives() {
+        let ttl = std::time::Duration::from_secs(30);
+        assert!(decide_contest(Some(true), std::time::Duration::from_secs(3600), ttl));
+        assert!(!decide_contest(Some(false), std::time::Duration::ZERO, ttl), "every recorded lease lapsed");
+        assert!(decide_contest(None, std::time::Duration::from_secs(59), ttl), "no lease to tell by yet");
+        assert!(!decide_contest(None, std::time::Duration::from_secs(60), ttl));
     }
 
     fn cp(revision: i64, leases: Vec<i64>, synced: bool, cluster: u64) -> Checkpoint {

@@ -15,6 +15,8 @@ pub struct Records {
     pub progress: Option<Progress>,
     /// The peer's revision when they were read.
     pub revision: i64,
+    /// The peer etcd's cluster id.
+    pub cluster_id: u64,
 }
 
 /// The owner, checkpoint and progress records, read at one revision.
@@ -27,6 +29,7 @@ pub async fn read_records(peer: &Client, origin: &str) -> Result<Records, etcd_c
     let mut kv = crate::mirror::target::kv(peer);
     let resp = kv.txn(txn).await?;
     let revision = resp.header().map_or(0, |h| h.revision());
+    let cluster_id = resp.header().map_or(0, |h| h.cluster_id());
     let mut gets = resp.op_responses().into_iter().map(|r| match r {
         TxnOpResponse::Get(get) => get.kvs().first().map(|kv| (kv.mod_revision(), kv.value().to_vec())),
         _ => None,
@@ -40,6 +43,7 @@ pub async fn read_records(peer: &Client, origin: &str) -> Result<Records, etcd_c
         stored,
         progress: progress.and_then(|(_, v)| Progress::decode(&v)),
         revision,
+        cluster_id,
     })
 }
 

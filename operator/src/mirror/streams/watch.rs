@@ -67,6 +67,10 @@ struct InFlight {
     /// Finished (its keys no longer busy, its slot free), though not yet taken as landed: batches
     /// are taken in order, so one slow Txn does not hold back the slots of those after it.
     released: bool,
+    /// Set when the peer answered that the Txn applied. A Txn that failed or timed out may still
+    /// land later, so its keys stay busy: a later batch of the same key could land first and be
+    /// overwritten by it.
+    succeeded: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// What the batches still running share: how many there are and their bytes, the keys they
@@ -96,6 +100,17 @@ impl Pipeline {
         }
         self.running += 1;
         self.bytes += bytes;
+    }
+
+    /// Frees the slots and keys of the batches the peer answered as applied, whichever order
+    /// they finished in. One that failed keeps its keys busy until the session ends.
+    fn release_landed(&mut self, inflight: &mut VecDeque<InFlight>) {
+        for batch in inflight.iter_mut() {
+            let landed = batch.task.is_finished() && batch.succeeded.load(std::sync::atomic::Ordering::SeqCst);
+            if landed {
+                self.release(batch);
+            }
+        }
     }
 
     /// Frees a finished batch's slot and keys, once.
@@ -470,9 +485,7 @@ impl Worker {
             }
             // While a fragmented response is incomplete, its last revision may be partial; a
             // verification due waits for the batches in flight to land.
-            for batch in inflight.iter_mut().filter(|b| !b.released && b.task.is_finished()) {
-                pipeline.release(batch);
-            }
+            pipeline.release_landed(&mut inflight);
             // Under auth, keys arriving faster than splits can follow would pile onto leases
             // whose every put then checks every key on them: a resync lays the leases out for
             // the subtree as it is now, and fills each at once.
@@ -700,8 +713,13 @@ impl Worker {
         let bookkeeping = vec![self.raise_progress_op(progress)];
         let send = self.apply(peer, epoch, batch.ops, &state.leases, bookkeeping);
         let finished = pipeline.finished.clone();
+        let succeeded = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let answered = succeeded.clone();
         let task = tokio::spawn(async move {
             let applied = send.await;
+            if matches!(applied, Ok(Applied::Yes)) {
+                answered.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
             finished.notify_one();
             applied
         });
@@ -715,6 +733,7 @@ impl Worker {
             keys,
             progress,
             released: false,
+            succeeded,
         }
     }
 }
@@ -769,4 +788,44 @@ async fn settle_inflight(inflight: VecDeque<InFlight>) -> anyhow::Result<()> {
 /// A time that never comes: the verification slot of a worker that does not verify.
 fn far_future() -> Instant {
     Instant::now() + Duration::from_secs(100 * 365 * 86_400)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn in_flight(pipeline: &mut Pipeline, key: &[u8], outcome: anyhow::Result<Applied>) -> InFlight {
+        let keys = vec![pipeline.hash(key)];
+        pipeline.add(&keys, 10);
+        let succeeded = Arc::new(std::sync::atomic::AtomicBool::new(matches!(outcome, Ok(Applied::Yes))));
+        InFlight {
+            task: tokio::spawn(async move { outcome }),
+            revisions_consumed: 1,
+            split_ops_consumed: 0,
+            applied_through: 0,
+            ops: 1,
+            bytes: 10,
+            keys,
+            progress: 0,
+            released: false,
+            succeeded,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_batch_that_timed_out_keeps_its_keys_busy_so_no_later_write_of_them_can_land_first() {
+        let mut pipeline = Pipeline::default();
+        let mut inflight = VecDeque::new();
+        inflight.push_back(in_flight(&mut pipeline, b"k1", Err(anyhow!("peer txn: timed out after 3s"))));
+        inflight.push_back(in_flight(&mut pipeline, b"k2", Ok(Applied::Yes)));
+        while !inflight.iter().all(|b| b.task.is_finished()) {
+            tokio::task::yield_now().await;
+        }
+        pipeline.release_landed(&mut inflight);
+        assert!(pipeline.busy(b"k1"), "the timed-out Txn may still land: its key must stay busy");
+        assert!(!pipeline.busy(b"k2"), "an applied batch frees its key at once, out of order");
+        assert_eq!(pipeline.running, 1);
+        pipeline.release_landed(&mut inflight);
+        assert_eq!(pipeline.running, 1, "released once");
+    }
 }
