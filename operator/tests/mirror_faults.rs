@@ -219,6 +219,63 @@ async fn a_value_larger_than_the_peer_accepts_is_reported_and_the_rest_flows() {
 }
 
 #[tokio::test]
+async fn a_value_left_out_is_still_reported_by_a_successor_that_resumes_without_a_sync() {
+    let (origin, peer) = tokio::try_join!(
+        EtcdServer::start_with("a", EtcdFlavor::from_env(), &["--max-request-bytes", "4194304"]),
+        EtcdServer::start("b")
+    )
+    .unwrap();
+    let mut o = connect(&[origin.endpoint()], None).await;
+    write_keys(&mut o, "a", 0..100, "v1").await;
+    let (first, _events) = start_between(config("w1"), &origin, &peer);
+    wait_synced(&first).await;
+    // Too large once the mirror is watching: seen by the watch, not by a sync.
+    let too_big = endpoint_key("a", 7);
+    o.put(too_big.as_str(), large_value("a", 7, "huge", 2 << 20), None).await.unwrap();
+    wait_health(&first, "the oversized value is reported", |h| h.oversized.iter().any(|(k, _)| k == &too_big)).await;
+    let p = connect(&[peer.endpoint()], None).await;
+    wait_until("the left-out key recorded on the peer", DEADLINE, || {
+        let (mut p, too_big) = (p.clone(), too_big.clone());
+        async move {
+            let cp = checkpoint(&mut p, "a").await;
+            Ok(cp.is_some_and(|c| c.left_out.iter().any(|l| l.key == too_big)))
+        }
+    })
+    .await
+    .unwrap();
+    first.shutdown().await;
+
+    // A successor adopts the mirror (no sync) and still says the peer lacks the value.
+    let (second, mut events) = start_between(config("w2"), &origin, &peer);
+    wait_health(&second, "the successor reports the left-out value", |h| {
+        h.synced && h.oversized.iter().any(|(k, b)| k == &too_big && *b > 2 << 20)
+    })
+    .await;
+    support::mirror::wait_event(
+        &mut events,
+        "a ValueTooLarge event from the successor",
+        |e| matches!(e, MirrorEvent::ValueTooLarge { key, .. } if key == &too_big),
+    )
+    .await;
+    assert_eq!(second.health().resyncs, 0, "adopted, not resynced: {:?}", second.health());
+    assert!(
+        !support::mirror::drain_events(&mut events).iter().any(|e| matches!(e, MirrorEvent::DriftRepaired { .. })),
+        "the known gap is not drift"
+    );
+    // Once it shrinks, it is mirrored and the record clears.
+    o.put(too_big.as_str(), endpoint_value("a", 7, "fits"), None).await.unwrap();
+    converged(&o, &p, "a", DEADLINE).await;
+    wait_health(&second, "the report clears", |h| h.oversized.is_empty()).await;
+    wait_until("the record clears", DEADLINE, || {
+        let mut p = p.clone();
+        async move { Ok(checkpoint(&mut p, "a").await.is_some_and(|c| c.left_out.is_empty())) }
+    })
+    .await
+    .unwrap();
+    second.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_least_privilege_user_over_mtls_mirrors_into_a_three_member_peer() {
     let MtlsPeer { origin, peer, mut o, root } = mtls_peer_with_mirror_user(1000).await;
     let peer_target =
@@ -268,6 +325,38 @@ async fn a_least_privilege_user_over_mtls_syncs_into_a_peer_150ms_away_over_seve
     write_keys(&mut o, "a", 2500..6000, "v2").await;
     converged(&o, &root, "a", DEADLINE).await;
     assert_eq!(handle.health().resyncs, 0, "no resync");
+    handle.shutdown().await;
+}
+
+/// A partition that leaves the leases a few seconds, healed with every connection reset, to a
+/// three-member peer over mTLS 150 ms away as the least-privilege user: the keeper's new
+/// connection (TLS, a password, several round trips) must not count against the round's
+/// deadline, or every retry fails once a third of what is left is under it, and the mirror lapses.
+#[tokio::test]
+async fn a_far_mtls_peer_healed_with_little_ttl_left_is_renewed_before_anything_lapses() {
+    let MtlsPeer { origin, peer, root, .. } = mtls_peer_with_mirror_user(500).await;
+    let (proxies, peer_target) = far_members_as_mirror_user(&peer, Duration::from_millis(150)).await;
+    let cfg = config("w1");
+    let (handle, _e) = start(cfg.clone(), EtcdTarget::plain([origin.endpoint()]), peer_target);
+    wait_synced(&handle).await;
+    let deletes = count_peer_deletes(&root, "a").await;
+    let ttl = support::mirror::LowestTtl::watch(&root).await;
+    let rounds = handle.health().keepalive_rounds;
+    wait_health(&handle, "a keepalive round before the partition", |h| h.keepalive_rounds > rounds).await;
+    for proxy in &proxies {
+        proxy.set_blackhole(true);
+    }
+    // The partition itself: the leases keep about 2.5 of their 6 s.
+    tokio::time::sleep(Duration::from_millis(cfg.lease_ttl_seconds as u64 * 1000 - 3500)).await;
+    for proxy in &proxies {
+        proxy.reset_connections();
+        proxy.set_blackhole(false);
+    }
+    let rounds = handle.health().keepalive_rounds;
+    wait_health(&handle, "a keepalive round after the heal", |h| h.keepalive_rounds > rounds).await;
+    assert!(ttl.lowest() > 0, "the leases lapsed ({} s left at the lowest)", ttl.lowest());
+    assert_eq!(deletes.load(Ordering::SeqCst), 0, "keys lapsed on the peer");
+    assert_eq!(handle.health().resyncs, 0, "no resync: {:?}", handle.health());
     handle.shutdown().await;
 }
 

@@ -91,11 +91,15 @@ impl Context {
     pub async fn stop_all(&self) {
         let all: Vec<(String, BTreeMap<String, Running>)> =
             self.workers.lock().expect("workers lock").drain().collect();
-        for (object, workers) in all {
-            for (peer, running) in workers {
-                self.stop_worker(&object, &peer, running).await;
-            }
-        }
+        // All at once: each clean stop releases its mirror on its peer, and a peer that does not
+        // answer holds its own worker's stop for a few seconds, not everyone's.
+        let stopping = all
+            .into_iter()
+            .flat_map(|(object, workers)| {
+                workers.into_iter().map(move |(peer, running)| (object.clone(), peer, running))
+            })
+            .map(|(object, peer, running)| async move { self.stop_worker(&object, &peer, running).await });
+        futures::future::join_all(stopping).await;
         self.announced.lock().expect("lock").clear();
         self.metrics.forget_inbound();
     }

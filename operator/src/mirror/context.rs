@@ -5,7 +5,9 @@ use crate::keys;
 use crate::mirror::health::{MirrorEvent, ResyncCause};
 use crate::mirror::leases::keeper::Keeper;
 use crate::mirror::plan::TxnLimits;
-use crate::mirror::records::checkpoint::{Checkpoint, CheckpointWrite, Progress, RecordBudget, plan_write};
+use crate::mirror::records::checkpoint::{
+    Checkpoint, CheckpointWrite, LEFT_OUT_RECORDED, LeftOut, Progress, RecordBudget, plan_write,
+};
 use crate::mirror::records::resume::Ownership;
 use crate::mirror::shared::Shared;
 use crate::mirror::{EtcdTarget, MirrorConfig};
@@ -62,6 +64,9 @@ pub(super) struct State {
     /// A contested owner record (its mod revision) and when this worker first saw it: an owner
     /// that records no lease yet is given two TTLs to grant them before it counts as gone.
     pub contest_seen: Option<(i64, std::time::Instant)>,
+    /// The keys left out (`oversized`) changed since the checkpoint last recorded them: the
+    /// watch records them, so that a successor reports them too.
+    pub left_out_unrecorded: bool,
 }
 
 /// How far a shard's count may move from the recorded one before it is recorded again: an eighth
@@ -118,6 +123,12 @@ impl Worker {
             retiring: state.retiring.clone(),
             origin_cluster_id: state.origin_cluster_id,
             parts: None,
+            left_out: state
+                .oversized
+                .iter()
+                .take(LEFT_OUT_RECORDED)
+                .map(|(key, bytes)| LeftOut { key: key.clone(), bytes: *bytes })
+                .collect(),
         }
     }
 
@@ -134,6 +145,7 @@ impl Worker {
         let write = plan_write(&self.config.origin, record, &state.stored_checkpoint, budget, per_part, fresh_id);
         state.stored_checkpoint = write.stored.clone();
         state.recorded_keys = record.keys.clone();
+        state.left_out_unrecorded = false;
         let still: BTreeSet<usize> = state.drifted.iter().copied().filter(|s| state.count_drifted(*s)).collect();
         state.drifted = still;
         write
@@ -168,6 +180,28 @@ impl Worker {
         }
     }
 
+    /// Whether the keeper's last renewal round failed. Renewals come first: the peer applies
+    /// writes one at a time and may hold a renewal's answer back behind this worker's own Txns
+    /// (etcd 3.5+ answers a renewal only once it has applied what it committed), so while rounds
+    /// fail no new write is sent.
+    pub(super) fn renewals_failing(&self) -> bool {
+        self.shared.health.borrow().keepalive_failures > 0
+    }
+
+    /// Waits until a renewal round succeeds again; after a whole TTL without one the session
+    /// ends (the leases are gone by then, and the next session says so).
+    pub(super) async fn renewals_first(&self) -> anyhow::Result<()> {
+        let mut health = self.shared.health.subscribe();
+        let recovered = health.wait_for(|h| h.keepalive_failures == 0);
+        let ttl = std::time::Duration::from_secs(self.config.lease_ttl_seconds.max(1) as u64);
+        match tokio::time::timeout(ttl, recovered).await {
+            Ok(_) => Ok(()),
+            Err(_) => anyhow::bail!(
+                "the peer answered no lease renewal within the lease TTL ({ttl:?}); writes were held back so that renewals come first"
+            ),
+        }
+    }
+
     /// Keeps exactly the state's leases (and the retiring ones) alive from now on.
     pub(super) fn keep_alive(&self, state: &State) {
         self.keeper.keep(&state.leases, &state.retiring);
@@ -195,6 +229,7 @@ impl Worker {
             }
         }
         if changed {
+            state.left_out_unrecorded = true;
             let list: Vec<(String, usize)> = state.oversized.iter().map(|(k, v)| (k.clone(), *v)).collect();
             self.shared.update(|h| h.oversized = list);
         }

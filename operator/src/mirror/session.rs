@@ -8,6 +8,7 @@ use super::health::Refusal;
 use super::health::{MirrorEvent, Phase, ResyncCause};
 use super::leases::keeper::KeeperSignal;
 use super::leases::keeper::most_ttl_left;
+use super::plan::Oversized;
 use super::records::checkpoint::Owner;
 use super::records::resume::{
     Claimant, Contest, OriginStatus, OwnerDecision, Ownership, decide_contest, decide_ownership, decide_resume,
@@ -154,6 +155,11 @@ impl Worker {
         state.resync_cause = resume.resync;
         state.origin_cluster_id = origin.cluster_id;
         self.keep_alive(state);
+        // The peer still lacks the values recorded as too large for it: said again by this
+        // worker (a sync, if one follows, says which still are).
+        let left_out = resume.left_out.into_iter().map(|l| Oversized { key: l.key, bytes: l.bytes }).collect();
+        self.report_oversized(state, left_out, Vec::new());
+        state.left_out_unrecorded = false;
         info!(epoch, generation, "owns the mirror on the peer for this session");
 
         let predecessor = records.progress.as_ref().map(|p| p.owner.as_str()).filter(|o| *o != self.config.owner_id);

@@ -198,6 +198,8 @@ struct Connection {
 struct RoundEnd {
     answered: usize,
     error: Option<String>,
+    /// It ended at its deadline, nothing having failed: the peer was only slow.
+    silent: bool,
 }
 
 impl Task {
@@ -207,6 +209,7 @@ impl Task {
 
     async fn run(mut self) {
         let mut attempt = 0u32;
+        let mut silent_rounds = 0u32;
         loop {
             let now = Instant::now();
             for (id, kept) in self.book.lock().unwrap_or_else(std::sync::PoisonError::into_inner).iter_mut() {
@@ -230,12 +233,20 @@ impl Task {
                 self.idle_until(wake).await;
                 continue;
             }
+            // Connecting is not part of the round's deadline: across distance, with TLS and a
+            // password, a new connection takes several round trips, more than the shortest
+            // deadline, and counting it would fail every retry once the leases run low.
+            let connected = self.connect().await;
             let started = Instant::now();
-            let end = match tokio::time::timeout(deadline, self.round(&due, started)).await {
-                Ok(end) => end,
-                Err(_) => RoundEnd {
-                    answered: self.answered_since(&due, started),
-                    error: Some(format!("no answer within {deadline:?}")),
+            let end = match connected {
+                Err(error) => RoundEnd { answered: 0, error: Some(error), silent: false },
+                Ok(()) => match tokio::time::timeout(deadline, self.round(&due, started)).await {
+                    Ok(end) => end,
+                    Err(_) => RoundEnd {
+                        answered: self.answered_since(&due, started),
+                        error: Some(format!("no answer within {deadline:?}")),
+                        silent: true,
+                    },
                 },
             };
             let elapsed = started.elapsed();
@@ -247,15 +258,19 @@ impl Task {
             match end.error {
                 None => {
                     attempt = 0;
+                    silent_rounds = 0;
                     self.round_succeeded(elapsed);
                 }
                 Some(error) => {
                     attempt += 1;
                     debug!(%error, answered = end.answered, of = due.len(), attempt, "keepalive round failed; retrying");
-                    // Streams that may hold answers of this round are not reused; a round with no
-                    // answer at all reconnects (the members that answer may have changed).
+                    // Streams that may hold answers of this round are not reused. A peer that
+                    // answered, or only did not answer in time (its apply queue holds renewals
+                    // back), keeps its connection; a broken one, or a second silent round in a
+                    // row, reconnects (the members that answer may have changed).
+                    silent_rounds = if end.answered == 0 && end.silent { silent_rounds + 1 } else { 0 };
                     match self.connection.as_mut() {
-                        Some(c) if end.answered > 0 => c.streams.clear(),
+                        Some(c) if end.answered > 0 || (end.silent && silent_rounds < 2) => c.streams.clear(),
                         _ => self.connection = None,
                     }
                     self.shared.update(|h| h.keepalive_failures += 1);
@@ -281,24 +296,32 @@ impl Task {
         }
     }
 
-    /// Renews `due` over the streams: each stream takes a run of them.
-    async fn round(&mut self, due: &[i64], started: Instant) -> RoundEnd {
-        if self.connection.is_none() {
-            match self.peer.connect_raw(true).await {
-                Ok(raw) => {
-                    debug!(endpoints = ?raw.endpoints, on_leader = raw.on_leader, "keepalive connection");
-                    let endpoint = raw.endpoints.join(",");
-                    let on_leader = raw.on_leader;
-                    self.shared.update(|h| {
-                        h.keepalive_endpoint = Some(endpoint);
-                        h.keepalive_on_leader = on_leader;
-                    });
-                    self.connection = Some(Connection { raw, streams: Vec::new() });
-                }
-                Err(e) => return RoundEnd { answered: 0, error: Some(format!("connecting: {e}")) },
-            }
+    /// Connects to the peer for the renewals, if not connected, within the RPC deadline.
+    async fn connect(&mut self) -> Result<(), String> {
+        if self.connection.is_some() {
+            return Ok(());
         }
-        let connection = self.connection.as_mut().expect("just connected");
+        let raw = match tokio::time::timeout(self.timing.ceiling, self.peer.connect_raw(true)).await {
+            Ok(Ok(raw)) => raw,
+            Ok(Err(e)) => return Err(format!("connecting: {e}")),
+            Err(_) => return Err(format!("connecting: no answer within {:?}", self.timing.ceiling)),
+        };
+        debug!(endpoints = ?raw.endpoints, on_leader = raw.on_leader, "keepalive connection");
+        let endpoint = raw.endpoints.join(",");
+        let on_leader = raw.on_leader;
+        self.shared.update(|h| {
+            h.keepalive_endpoint = Some(endpoint);
+            h.keepalive_on_leader = on_leader;
+        });
+        self.connection = Some(Connection { raw, streams: Vec::new() });
+        Ok(())
+    }
+
+    /// Renews `due` over the streams of the connection: each stream takes a run of them.
+    async fn round(&mut self, due: &[i64], started: Instant) -> RoundEnd {
+        let Some(connection) = self.connection.as_mut() else {
+            return RoundEnd { answered: 0, error: Some("not connected".into()), silent: false };
+        };
         let runs = chunks(due, self.streams_wanted);
         connection.streams.resize_with(runs.len(), || None);
         let raw = connection.raw.clone();
@@ -320,7 +343,7 @@ impl Task {
         self.check_cluster(seen);
         let answered = results.iter().map(|r| r.as_ref().map_or_else(|(n, _)| *n, |n| *n)).sum();
         let error = results.into_iter().find_map(Result::err).map(|(_, e)| e);
-        RoundEnd { answered, error }
+        RoundEnd { answered, error, silent: false }
     }
 
     /// How many of `due` the peer answered since `since` (a round cut short by its deadline).

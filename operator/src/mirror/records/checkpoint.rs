@@ -49,7 +49,22 @@ pub struct Checkpoint {
     /// in the record). None in a layout small enough to be recorded whole.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parts: Option<PartsRef>,
+    /// Origin keys left out of the mirror because the peer cannot take them (at most
+    /// [`LEFT_OUT_RECORDED`]): a worker that resumes without a sync reports them too, since the
+    /// peer still lacks them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub left_out: Vec<LeftOut>,
 }
+
+/// An origin key left out of the mirror, and its size.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeftOut {
+    pub key: String,
+    pub bytes: usize,
+}
+
+/// Left-out keys a checkpoint records, at most: status shows ten, and the record stays small.
+pub const LEFT_OUT_RECORDED: usize = 100;
 
 /// Which parts hold a stored checkpoint's layout.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -470,6 +485,7 @@ mod tests {
             retiring: vec![],
             origin_cluster_id: 9,
             parts: None,
+            left_out: vec![],
         };
         assert_eq!(Checkpoint::decode(&c.encode()), Some(c.clone()));
         assert!(!String::from_utf8(c.encode()).unwrap().contains("slots"), "a uniform layout records no slots");
@@ -614,6 +630,7 @@ mod tests {
             retiring: vec![],
             origin_cluster_id: 9,
             parts: None,
+            left_out: vec![],
         }
     }
 

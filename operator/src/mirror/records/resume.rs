@@ -195,6 +195,8 @@ pub struct Resume {
     /// The origin revision the peer holds completely (meaningless when `resync` is set).
     pub applied: i64,
     pub resync: Option<ResyncCause>,
+    /// Origin keys the peer lacks because they are too large for it, as recorded.
+    pub left_out: Vec<crate::mirror::records::checkpoint::LeftOut>,
 }
 
 /// Resumes from the peer's records. `alive[i]` says whether `checkpoint.leases[i]` is alive;
@@ -221,6 +223,7 @@ pub fn decide_resume(
             keys: Vec::new(),
             retiring,
             applied: 0,
+            left_out: Vec::new(),
             resync: Some(pending.unwrap_or(if synced_before {
                 ResyncCause::RecordsLost
             } else {
@@ -254,6 +257,7 @@ pub fn decide_resume(
         retiring,
         applied: if resync.is_some() { 0 } else { recorded },
         resync,
+        left_out: cp.left_out.clone(),
     }
 }
 
@@ -494,6 +498,7 @@ mod tests {
             retiring: vec![],
             origin_cluster_id: cluster,
             parts: None,
+            left_out: vec![],
         }
     }
 

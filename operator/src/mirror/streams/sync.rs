@@ -179,6 +179,16 @@ impl Worker {
                             return Ok(Some(by));
                         }
                     }
+                    // Renewals first: while they fail, what is in flight lands before more is sent.
+                    if self.renewals_failing() {
+                        while let Some((result, landed)) = inflight.next().await {
+                            inflight_bytes -= landed;
+                            if let Some(by) = settle(Some(result))? {
+                                return Ok(Some(by));
+                            }
+                        }
+                        self.renewals_first().await?;
+                    }
                     inflight_bytes += bytes;
                     let apply = self.apply(spread.next(), epoch, batch, &leases, Vec::new());
                     inflight.push(with_bytes(apply, bytes));
@@ -213,6 +223,11 @@ impl Worker {
         state.retiring.clear();
         state.keys = counts;
         state.origin_cluster_id = origin_cluster_id;
+        // Every key the origin holds was compared in this sync: it alone says which are too large,
+        // and the checkpoint records them for a successor.
+        let fixed: Vec<String> =
+            state.oversized.keys().filter(|k| !oversized.iter().any(|o| &o.key == *k)).cloned().collect();
+        self.report_oversized(state, oversized, fixed);
         let synced_at = k8s_openapi::jiff::Timestamp::now().to_string();
         let canary = serde_json::json!({"synced": true, "revision": revision, "syncedAt": synced_at});
         let record = self.checkpoint(state, revision, true);
@@ -221,9 +236,6 @@ impl Worker {
         if let Applied::Fenced(by) = self.apply_checkpoint(peer, epoch, write, bookkeeping).await? {
             return Ok(Some(by));
         }
-        // Every key the origin holds was compared in this sync: it alone says which are too large.
-        let fixed: Vec<String> = state.oversized.keys().cloned().collect();
-        self.report_oversized(state, oversized, fixed);
         state.applied = revision;
         state.synced = true;
         state.walk = Default::default();

@@ -474,7 +474,7 @@ impl Worker {
             if splitting.is_none() && split == 0 && recording.is_none() {
                 match self.shard_to_split(state) {
                     Some(shard) => splitting = Some(self.start_split(peer, shard)),
-                    None if !state.drifted.is_empty() => {
+                    None if !state.drifted.is_empty() || state.left_out_unrecorded => {
                         recording = Some(self.record_drifted_counts(peer, state, epoch))
                     }
                     None => {}
@@ -501,7 +501,14 @@ impl Worker {
                 }
                 return Ok(WatchEnd::Resync(ResyncCause::Reshard));
             }
-            while pipeline.running < depth && pipeline.bytes < MAX_WATCH_INFLIGHT_BYTES && !fragment_open && !verify_now
+            // Renewals first: while they fail, only what is in flight goes on (the progress tick
+            // looks again).
+            let renewals_failing = self.renewals_failing();
+            while pipeline.running < depth
+                && pipeline.bytes < MAX_WATCH_INFLIGHT_BYTES
+                && !fragment_open
+                && !verify_now
+                && !(renewals_failing && pipeline.running > 0)
             {
                 // A revision larger than one Txn goes alone, in parts.
                 if split > 0 && !inflight.is_empty() {
