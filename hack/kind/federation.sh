@@ -124,21 +124,7 @@ mirror_cert() { # REGION ORIGIN: the client certificate mirror-<origin> uses on 
 create_cluster() { # REGION
   local r=$1 cfg start log
   cfg=$work/kind-$r.yaml log=$work/kind-create-$r.log
-  local minor=${KUBE_VERSION#v1.}; minor=${minor%%.*}
-  {
-    echo "kind: Cluster"
-    echo "apiVersion: kind.x-k8s.io/v1alpha4"
-    echo "networking:"
-    echo "  disableDefaultCNI: true"
-    echo "nodes:"
-    echo "- role: control-plane"
-    if ((minor >= 35)); then
-      echo "kubeadmConfigPatches:"
-      echo "- |"
-      echo "  kind: KubeletConfiguration"
-      echo "  failCgroupV1: false"
-    fi
-  } >"$cfg"
+  kind_config "$cfg"
   start=$SECONDS
   say "aether-$r: kind create cluster (log $log)"
   if ! timeout 600 "$bin_dir/kind" create cluster --name "aether-$r" --image "$node_image" --config "$cfg" \

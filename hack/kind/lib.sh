@@ -52,6 +52,27 @@ with_lock() {
 }
 
 # The engine: Debian's docker.io, started when needed, and the docker wrapper first on PATH.
+# kind_config FILE: a one-node cluster of the project's node image: no default CNI (the node
+# image has a static bridge), and kubelet 1.35+ allowed on cgroup v1.
+kind_config() {
+  local minor=${KUBE_VERSION#v1.}
+  minor=${minor%%.*}
+  {
+    echo "kind: Cluster"
+    echo "apiVersion: kind.x-k8s.io/v1alpha4"
+    echo "networking:"
+    echo "  disableDefaultCNI: true"
+    echo "nodes:"
+    echo "- role: control-plane"
+    if ((minor >= 35)); then
+      echo "kubeadmConfigPatches:"
+      echo "- |"
+      echo "  kind: KubeletConfiguration"
+      echo "  failCgroupV1: false"
+    fi
+  } >"$1"
+}
+
 engine_up() {
   local b
   b=$("$kind_dir/engine.sh") || die "the container engine is not available (hack/kind/engine.sh failed)"

@@ -102,21 +102,7 @@ wait_for() {
 
 "$kind" delete cluster --name "$CLUSTER" >/dev/null 2>&1 || true
 cfg=$log_dir/aether-kind-$CLUSTER.yaml
-minor=${KUBE_VERSION#v1.}; minor=${minor%%.*}
-{
-  echo "kind: Cluster"
-  echo "apiVersion: kind.x-k8s.io/v1alpha4"
-  echo "networking:"
-  echo "  disableDefaultCNI: true"
-  echo "nodes:"
-  echo "- role: control-plane"
-  if ((minor >= 35)); then
-    echo "kubeadmConfigPatches:"
-    echo "- |"
-    echo "  kind: KubeletConfiguration"
-    echo "  failCgroupV1: false"
-  fi
-} >"$cfg"
+kind_config "$cfg"
 
 start=$SECONDS
 say "kind create cluster --name $CLUSTER --image $image"

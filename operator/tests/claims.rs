@@ -8,20 +8,12 @@ mod support;
 use aether_harness::{EtcdServer, FaultProxy, wait_until};
 use aether_operator::keys;
 use aether_operator::mirror::retire::{RetirePolicy, Retired, retire};
-use aether_operator::mirror::{EtcdTarget, MirrorEvent, OwningObject, Phase};
+use aether_operator::mirror::{MirrorEvent, OwningObject, Phase};
 use etcd_client::{Client, GetOptions};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 use support::etcd::*;
 use support::mirror::*;
-
-fn plain(server: &EtcdServer) -> EtcdTarget {
-    EtcdTarget::plain([server.endpoint()])
-}
-
-fn through(proxy: &FaultProxy) -> EtcdTarget {
-    EtcdTarget::plain([proxy.endpoint("http")])
-}
 
 async fn key_count(c: &mut Client, prefix: &str) -> i64 {
     c.get(prefix, Some(GetOptions::new().with_prefix().with_count_only())).await.map(|r| r.count()).unwrap_or(-1)
@@ -168,8 +160,19 @@ async fn owner_epoch(p: &Client) -> i64 {
     owner.kvs().first().map_or(0, |kv| kv.mod_revision())
 }
 
-#[tokio::test]
-async fn a_successor_that_stops_cleanly_hands_over_to_the_worker_standing_by_before_anything_lapses() {
+/// Two workers of one RegionPeering: `current` took the mirror over (200 keys, 10 rewritten),
+/// `deposed` stands by; the peer's deletes and its leases' lowest TTL are watched from then on.
+struct Standby {
+    _servers: (EtcdServer, EtcdServer),
+    o: Client,
+    p: Client,
+    deposed: aether_operator::mirror::MirrorHandle,
+    current: aether_operator::mirror::MirrorHandle,
+    deletes: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    ttl: LowestTtl,
+}
+
+async fn standing_by() -> Standby {
     let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("b")).unwrap();
     let (mut o, p) = (connect(&[origin.endpoint()], None).await, connect(&[peer.endpoint()], None).await);
     write_keys(&mut o, "a", 0..200, "v1").await;
@@ -182,6 +185,12 @@ async fn a_successor_that_stops_cleanly_hands_over_to_the_worker_standing_by_bef
     wait_health(&deposed, "the deposed worker stands by", |h| h.phase == Phase::Fenced).await;
     let deletes = count_peer_deletes(&p, "a").await;
     let ttl = LowestTtl::watch(&p).await;
+    Standby { _servers: (origin, peer), o, p, deposed, current, deletes, ttl }
+}
+
+#[tokio::test]
+async fn a_successor_that_stops_cleanly_hands_over_to_the_worker_standing_by_before_anything_lapses() {
+    let Standby { _servers, mut o, p, deposed, current, deletes, ttl } = standing_by().await;
 
     // The successor stops cleanly: the one standing by takes over before a TTL passes.
     current.shutdown().await;
@@ -200,18 +209,7 @@ async fn a_successor_that_stops_cleanly_hands_over_to_the_worker_standing_by_bef
 
 #[tokio::test]
 async fn a_successor_that_dies_is_replaced_by_the_worker_standing_by_before_its_leases_lapse() {
-    let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("b")).unwrap();
-    let (mut o, p) = (connect(&[origin.endpoint()], None).await, connect(&[peer.endpoint()], None).await);
-    write_keys(&mut o, "a", 0..200, "v1").await;
-    let a = object("a");
-    let (deposed, _ed) = start(claim("deposed", &a, "b"), plain(&origin), plain(&peer));
-    wait_synced(&deposed).await;
-    let (current, _ec) = start(claim("current", &a, "b"), plain(&origin), plain(&peer));
-    wait_synced(&current).await;
-    write_keys(&mut o, "a", 0..10, "v2").await;
-    wait_health(&deposed, "the deposed worker stands by", |h| h.phase == Phase::Fenced).await;
-    let deletes = count_peer_deletes(&p, "a").await;
-    let ttl = LowestTtl::watch(&p).await;
+    let Standby { _servers, o, p, deposed, current, deletes, ttl } = standing_by().await;
 
     current.abort();
     wait_health(&deposed, "the worker standing by resumes", |h| h.phase == Phase::Watching && h.synced).await;

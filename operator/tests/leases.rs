@@ -9,7 +9,7 @@ mod support;
 use aether_harness::{EtcdServer, FaultProxy, wait_until};
 use aether_operator::keys;
 use aether_operator::mirror::leases::shards::Layout;
-use aether_operator::mirror::{EtcdTarget, MirrorEvent, Phase};
+use aether_operator::mirror::{MirrorEvent, Phase};
 use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -22,14 +22,6 @@ async fn origin_and_peer(keys: usize) -> (EtcdServer, EtcdServer, Client, Client
     write_keys(&mut o, "a", 0..keys, "v1").await;
     let p = connect(&[peer.endpoint()], None).await;
     (origin, peer, o, p)
-}
-
-fn plain(server: &EtcdServer) -> EtcdTarget {
-    EtcdTarget::plain([server.endpoint()])
-}
-
-fn through(proxy: &FaultProxy) -> EtcdTarget {
-    EtcdTarget::plain([proxy.endpoint("http")])
 }
 
 async fn key_count(c: &mut Client, prefix: &str) -> i64 {

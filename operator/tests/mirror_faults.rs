@@ -180,13 +180,7 @@ async fn mebibyte_values_sync_overwrite_and_resume_behind_several() {
 
 #[tokio::test]
 async fn a_value_larger_than_the_peer_accepts_is_reported_and_the_rest_flows() {
-    let (origin, peer) = tokio::try_join!(
-        EtcdServer::start_with("a", EtcdFlavor::from_env(), &["--max-request-bytes", "4194304"]),
-        EtcdServer::start("b")
-    )
-    .unwrap();
-    let mut o = connect(&[origin.endpoint()], None).await;
-    write_keys(&mut o, "a", 0..100, "v1").await;
+    let (origin, peer, mut o) = origin_taking_large_values(100).await;
     let too_big = endpoint_key("a", 7);
     o.put(too_big.as_str(), large_value("a", 7, "huge", 2 << 20), None).await.unwrap();
     let (handle, mut events) = start_between(config("w1"), &origin, &peer);
@@ -220,13 +214,7 @@ async fn a_value_larger_than_the_peer_accepts_is_reported_and_the_rest_flows() {
 
 #[tokio::test]
 async fn a_value_left_out_is_still_reported_by_a_successor_that_resumes_without_a_sync() {
-    let (origin, peer) = tokio::try_join!(
-        EtcdServer::start_with("a", EtcdFlavor::from_env(), &["--max-request-bytes", "4194304"]),
-        EtcdServer::start("b")
-    )
-    .unwrap();
-    let mut o = connect(&[origin.endpoint()], None).await;
-    write_keys(&mut o, "a", 0..100, "v1").await;
+    let (origin, peer, mut o) = origin_taking_large_values(100).await;
     let (first, _events) = start_between(config("w1"), &origin, &peer);
     wait_synced(&first).await;
     // Too large once the mirror is watching: seen by the watch, not by a sync.
@@ -466,6 +454,19 @@ async fn mtls_peer_with_mirror_user(keys: usize) -> MtlsPeer {
     )
     .await;
     MtlsPeer { origin, peer, o, root }
+}
+
+/// An origin that takes requests of up to 4 MiB, holding `keys` endpoint keys, and a peer with
+/// etcd's default limit (1.5 MiB).
+async fn origin_taking_large_values(keys: usize) -> (EtcdServer, EtcdServer, Client) {
+    let (origin, peer) = tokio::try_join!(
+        EtcdServer::start_with("a", EtcdFlavor::from_env(), &["--max-request-bytes", "4194304"]),
+        EtcdServer::start("b")
+    )
+    .unwrap();
+    let mut o = connect(&[origin.endpoint()], None).await;
+    write_keys(&mut o, "a", 0..keys, "v1").await;
+    (origin, peer, o)
 }
 
 /// An origin holding `keys` endpoint keys (version "v1") and a peer reached through a fault proxy

@@ -25,6 +25,16 @@ pub fn fast_config(owner: &str) -> MirrorConfig {
     c
 }
 
+/// An etcd reached directly.
+pub fn plain(server: &aether_harness::EtcdServer) -> EtcdTarget {
+    EtcdTarget::plain([server.endpoint()])
+}
+
+/// An etcd reached through a fault proxy.
+pub fn through(proxy: &FaultProxy) -> EtcdTarget {
+    EtcdTarget::plain([proxy.endpoint("http")])
+}
+
 /// A RegionPeering as the peers record its workers' claims.
 pub fn object(name: &str) -> mirror::OwningObject {
     mirror::OwningObject {
