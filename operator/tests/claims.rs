@@ -248,3 +248,33 @@ async fn a_dropped_handle_stops_its_worker() {
     .await
     .unwrap();
 }
+
+/// The same at the CRD defaults (TTL 30 s, keepalive 10 s): the worker standing by looks every
+/// 5 s once its successor shows itself and takes over with about half the TTL left.
+#[tokio::test]
+async fn at_the_defaults_a_successor_that_dies_is_replaced_with_time_to_spare() {
+    let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("b")).unwrap();
+    let (mut o, p) = (connect(&[origin.endpoint()], None).await, connect(&[peer.endpoint()], None).await);
+    write_keys(&mut o, "a", 0..200, "v1").await;
+    let a = object("a");
+    let at_defaults = |owner: &str| {
+        let mut c = aether_operator::mirror::MirrorConfig::new("a", "b", owner);
+        c.object = Some(a.clone());
+        c
+    };
+    let (deposed, _ed) = start(at_defaults("deposed"), plain(&origin), plain(&peer));
+    wait_synced(&deposed).await;
+    let (current, _ec) = start(at_defaults("current"), plain(&origin), plain(&peer));
+    wait_synced(&current).await;
+    write_keys(&mut o, "a", 0..10, "v2").await;
+    wait_health(&deposed, "the deposed worker stands by", |h| h.phase == Phase::Fenced).await;
+    let deletes = count_peer_deletes(&p, "a").await;
+    let ttl = LowestTtl::watch(&p).await;
+
+    current.abort();
+    wait_health(&deposed, "the worker standing by resumes", |h| h.phase == Phase::Watching && h.synced).await;
+    converged(&o, &p, "a", DEADLINE).await;
+    assert_eq!(deletes.load(Ordering::SeqCst), 0, "keys lapsed before the worker standing by took over");
+    assert!(ttl.lowest() >= 5, "the leases came within {} s of their 30 s lapsing", ttl.lowest());
+    deposed.shutdown().await;
+}
