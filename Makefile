@@ -51,7 +51,7 @@ test: tools lint
 
 ## test-soak: the soak tests alone (the lease promise at the CRD defaults and with 16k leases)
 test-soak: tools
-	$(CARGO) test -p aether-operator --test soak -- --ignored --test-threads=4
+	$(CARGO) test -p aether-operator --test soak -- --ignored --test-threads=5
 
 ## check-alerts: the alert rules rendered by the chart (defaults and tuned values): promtool check and
 ## unit tests, the kustomize copy equal to the default rendering, the dashboard's queries

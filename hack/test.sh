@@ -19,7 +19,7 @@ image_built=true
 
 soak_log=$(mktemp -t aether-soak.XXXXXX)
 started=$SECONDS
-"$cargo" test -p aether-operator --test soak -- --ignored --test-threads=4 >"$soak_log" 2>&1 &
+"$cargo" test -p aether-operator --test soak -- --ignored --test-threads=5 >"$soak_log" 2>&1 &
 soak=$!
 trap 'kill "$soak" 2>/dev/null' EXIT
 

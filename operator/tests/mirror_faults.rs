@@ -10,6 +10,7 @@ use aether_operator::mirror::{self, EtcdTarget, MirrorConfig, MirrorEvent, Mirro
 use etcd_client::{Client, EventType, Txn, TxnOp, WatchOptions};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
+use support::consumer::{Consistency, Consumer};
 use support::etcd::*;
 use tokio::sync::mpsc;
 
@@ -831,19 +832,42 @@ async fn out_of_band_changes_on_the_peer_are_detected_and_repaired() {
     handle.shutdown().await;
 }
 
+/// Across regions (20-60 ms) the peer converges and no key the origin keeps is ever deleted.
 #[tokio::test]
 async fn randomized_writes_member_kills_and_network_faults_converge() {
+    randomized_faults(20..60, None).await;
+}
+
+/// Across regions watch Txns land in any order, each key's writes in the origin's: a consumer
+/// should see every key move forward only.
+#[tokio::test]
+#[ignore = "fails today: after a handoff or a crash the successor replays revisions the peer may already hold, and a key goes back to an older value until the replay passes it"]
+async fn randomized_faults_far_away_show_a_consumer_every_key_moving_forward_only() {
+    randomized_faults(20..60, Some(Consistency::PerKey)).await;
+}
+
+/// Next door one watch Txn is in flight at a time: a consumer should see only states the origin
+/// had, in order, through the same faults.
+#[tokio::test]
+#[ignore = "fails today: a successor's replay, and a busy machine measuring a peer next door as far (Txns in flight together), show states the origin never had"]
+async fn randomized_faults_next_door_show_a_consumer_only_origin_states_in_order() {
+    randomized_faults(0..1, Some(Consistency::Snapshot)).await;
+}
+
+/// Writes, deletes, handoffs, crashes, member kills, resets and blackholes in a random order
+/// (`AETHER_SEED` replays one); with `consistency`, a consumer reads the peer throughout.
+async fn randomized_faults(rtt_ms: std::ops::Range<u64>, consistency: Option<Consistency>) {
     use rand::{Rng, SeedableRng};
     let seed: u64 = std::env::var("AETHER_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(rand::random);
     eprintln!("randomized fault test: AETHER_SEED={seed}");
     logs();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let (origin, mut peer) = tokio::try_join!(EtcdServer::start("a"), EtcdCluster::start("b", 3)).unwrap();
-    // Every peer member sits behind its own proxy, at a cross-region round trip.
+    // Every peer member sits behind its own proxy.
     let mut proxies = Vec::new();
     for m in peer.members() {
         let proxy = FaultProxy::start(m.client_addr()).await.unwrap();
-        proxy.set_rtt(Duration::from_millis(rng.random_range(20..60)));
+        proxy.set_rtt(Duration::from_millis(rng.random_range(rtt_ms.clone())));
         proxies.push(proxy);
     }
     let peer_target = EtcdTarget::plain(proxies.iter().map(|p| p.endpoint("http")));
@@ -855,6 +879,10 @@ async fn randomized_writes_member_kills_and_network_faults_converge() {
     write_keys(&mut o, "a", stable.clone(), "v0").await;
     let stable_deletes =
         count_deletes_of(peer.endpoints(), stable.clone().map(|i| endpoint_key("a", i).into_bytes()).collect()).await;
+    let consumer = match consistency {
+        Some(_) => Some(Consumer::watch(&o, &connect(&peer.endpoints(), None).await, "a").await),
+        None => None,
+    };
     let mut cfg = config("w0");
     cfg.max_txn_ops = 16;
     cfg.verify_interval = Duration::from_millis(300);
@@ -911,6 +939,14 @@ async fn randomized_writes_member_kills_and_network_faults_converge() {
     let p = connect(&peer.endpoints(), None).await;
     converged(&o, &p, "a", Duration::from_secs(120)).await;
     assert_eq!(stable_deletes.load(Ordering::SeqCst), 0, "a key the origin kept was deleted on the peer");
+    if let (Some(consumer), Some(consistency)) = (consumer, consistency) {
+        let seen = consumer
+            .verdict(consistency)
+            .await
+            .unwrap_or_else(|e| panic!("a consumer of the peer saw {e} (AETHER_SEED={seed})"));
+        assert!(seen.distinct_states > 1, "the consumer saw the copy move through too few states: {seen:?}");
+        eprintln!("the consumer's reads: {seen:?}");
+    }
     handle.shutdown().await;
 }
 

@@ -606,6 +606,9 @@ pub fn describe(event: &MirrorEvent, region: &str, peer: &str) -> (EventType, &'
                 "{region} -> {peer}: revision {revision} has {ops} writes, more than one peer Txn holds; applied in parts"
             ),
         ),
+        MirrorEvent::RenewalsTooSlow(short) => {
+            (EventType::Warning, "RenewalsTooSlow", format!("{region} -> {peer}: {}", short.describe()))
+        }
         MirrorEvent::DriftRepaired { keys, first_key } => (
             EventType::Warning,
             "DriftRepaired",

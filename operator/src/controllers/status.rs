@@ -260,39 +260,44 @@ fn peers_reachable(f: &Facts) -> Verdict {
     )
 }
 
-/// KeepaliveDegraded: keepalives are failing and the leases are past half their TTL, or a round
-/// takes more than a third of the TTL (two slow rounds and a retry would not fit in it), so it
-/// fires before the leases would expire.
+/// KeepaliveDegraded: keepalives are failing and the leases are past half their TTL
+/// (`KeepaliveFailing`); or the peer renews too slowly for the TTL (`RenewalsTooSlow`): a round
+/// took more than a third of it, or the measured rate could not renew every lease within a third
+/// (two slow rounds and a retry would not fit), so it fires before the leases would expire.
 fn keepalive_degraded(f: &Facts) -> Verdict {
     let (now, ttl) = (f.obs.now, f.obs.spec.lease.ttl_seconds);
-    let degraded: Vec<String> = f
+    let failing: Vec<String> = f
         .obs
         .peers
         .iter()
-        .filter_map(|h| {
-            let failing = h.keepalive_failures > 0 && h.lease_ttl_remaining(now).is_none_or(|t| t * 2 <= ttl);
-            let slow = h.last_keepalive_round().is_some_and(|r| r * 3.0 > ttl as f64);
-            if failing {
-                Some(format!(
-                    "{} ({} failed keepalives, {}s of lease left)",
-                    h.peer,
-                    h.keepalive_failures,
-                    h.lease_ttl_remaining(now).unwrap_or(0)
-                ))
-            } else if slow {
-                Some(format!(
-                    "{} (a round of {} leases took {:.1}s of a {ttl}s TTL)",
-                    h.peer,
-                    h.leases,
-                    h.last_keepalive_round().unwrap_or_default()
-                ))
-            } else {
-                None
-            }
+        .filter(|h| h.keepalive_failures > 0 && h.lease_ttl_remaining(now).is_none_or(|t| t * 2 <= ttl))
+        .map(|h| {
+            format!(
+                "{} ({} failed keepalives, {}s of lease left)",
+                h.peer,
+                h.keepalive_failures,
+                h.lease_ttl_remaining(now).unwrap_or(0)
+            )
         })
         .collect();
-    if f.running && !degraded.is_empty() {
-        return verdict(true, "KeepaliveFailing", format!("leases at risk: {}", degraded.join(", ")));
+    if f.running && !failing.is_empty() {
+        return verdict(true, "KeepaliveFailing", format!("leases at risk: {}", failing.join(", ")));
+    }
+    let slow: Vec<String> = f
+        .obs
+        .peers
+        .iter()
+        .filter_map(|h| match (&h.renewal_shortfall, h.last_keepalive_round()) {
+            (Some(short), _) => Some(format!("{}: {}", h.peer, short.describe())),
+            (None, Some(round)) if round * 3.0 > ttl as f64 => Some(format!(
+                "{}: a round of {} leases took {round:.1}s of a {ttl}s TTL; raise spec.lease.ttlSeconds, raise spec.sync.maxKeysPerLease (fewer leases), or list the peer's members in its endpoints so that renewals reach its leader",
+                h.peer, h.leases
+            )),
+            _ => None,
+        })
+        .collect();
+    if f.running && !slow.is_empty() {
+        return verdict(true, "RenewalsTooSlow", format!("leases at risk: {}", slow.join("; ")));
     }
     verdict(false, "KeepalivesHealthy", "leases are kept alive")
 }
@@ -448,6 +453,7 @@ pub const STATUS_HEARTBEAT: Duration = Duration::from_secs(60);
 mod tests {
     use super::*;
     use crate::api::{EtcdConnection, PeerRegion};
+    use crate::mirror::RenewalShortfall;
 
     fn spec(peers: &[&str]) -> RegionPeeringSpec {
         RegionPeeringSpec {
@@ -546,9 +552,46 @@ mod tests {
         let degraded = get(&status, KEEPALIVE_DEGRADED);
         assert_eq!(degraded.status, "True", "a 10.5 s round of a 30 s TTL");
         assert!(degraded.message.contains("took 10.5s"), "{}", degraded.message);
+        assert_eq!(degraded.reason, "RenewalsTooSlow");
         assert_eq!(status.peers[0].keepalive.last_round_milliseconds, Some(10_500));
         h.record_keepalive_rtt(Duration::from_millis(900));
         assert_eq!(get(&compute(None, &observe(&spec, vec![h], now)), KEEPALIVE_DEGRADED).status, "False");
+    }
+
+    #[test]
+    fn a_layout_the_peer_cannot_renew_in_time_is_reported_with_its_numbers_and_what_to_change() {
+        let now = SystemTime::now();
+        let spec = spec(&["b"]);
+        let mut h = healthy("b", now);
+        // The last round was quick (a part of the layout), but the rate it measured cannot renew
+        // every lease within a third of the TTL: said while nothing has failed yet.
+        h.record_keepalive_rtt(Duration::from_millis(900));
+        h.renewal_shortfall = Some(RenewalShortfall {
+            leases: 16_384,
+            rate: 1_500,
+            streams: 32,
+            round: Duration::from_millis(10_923),
+            ttl: Duration::from_secs(30),
+        });
+        let status = compute(None, &observe(&spec, vec![h.clone()], now));
+        let degraded = get(&status, KEEPALIVE_DEGRADED);
+        assert_eq!((degraded.status.as_str(), degraded.reason.as_str()), ("True", "RenewalsTooSlow"));
+        for said in [
+            "16384 leases",
+            "10.9s",
+            "1500 renewals/s",
+            "32 streams",
+            "30s TTL",
+            "spec.lease.ttlSeconds",
+            "maxKeysPerLease",
+            "endpoints",
+        ] {
+            assert!(degraded.message.contains(said), "{said:?} missing from {:?}", degraded.message);
+        }
+        // Failing keepalives with little lease left take precedence: the more urgent reason.
+        h.keepalive_failures = 3;
+        h.keepalive_last_success = Some(now - Duration::from_secs(20));
+        assert_eq!(get(&compute(None, &observe(&spec, vec![h], now)), KEEPALIVE_DEGRADED).reason, "KeepaliveFailing");
     }
 
     #[test]

@@ -121,6 +121,8 @@ pub struct PeerHealth {
     /// The peer members the keepalive streams go to, and whether that is the leader alone.
     pub keepalive_endpoint: Option<String>,
     pub keepalive_on_leader: bool,
+    /// The peer renews the leases too slowly for the TTL (at the last measured rate).
+    pub renewal_shortfall: Option<RenewalShortfall>,
     /// A lease shard past the cap that cannot split further: said in status, never a panic.
     pub layout_problem: Option<String>,
     /// Lease shards split online because they passed the cap.
@@ -174,6 +176,7 @@ impl PeerHealth {
             keepalive_streams: 0,
             keepalive_endpoint: None,
             keepalive_on_leader: false,
+            renewal_shortfall: None,
             layout_problem: None,
             shard_splits: 0,
             batches_in_flight_peak: 0,
@@ -261,6 +264,33 @@ impl ResyncCause {
     }
 }
 
+/// A layout the peer cannot renew within a third of the TTL at the rate it answers renewals.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RenewalShortfall {
+    pub leases: usize,
+    /// Renewals a second the peer answered in the last measured round.
+    pub rate: u64,
+    /// Streams that round used.
+    pub streams: usize,
+    /// What a round of every lease takes at that rate, and the TTL it must fit a third of.
+    pub round: std::time::Duration,
+    pub ttl: std::time::Duration,
+}
+
+impl RenewalShortfall {
+    /// What a person reads: the numbers and what to change.
+    pub fn describe(&self) -> String {
+        format!(
+            "renewing {} leases takes {:.1}s at the {} renewals/s the peer answers over {} streams, more than a third of the {}s TTL; raise spec.lease.ttlSeconds, raise spec.sync.maxKeysPerLease (fewer leases), or list the peer's members (not a load balancer or a single follower) in its endpoints so that renewals reach its leader",
+            self.leases,
+            self.round.as_secs_f64(),
+            self.rate,
+            self.streams,
+            self.ttl.as_secs()
+        )
+    }
+}
+
 /// Something a person may want to see as a Kubernetes Event.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum MirrorEvent {
@@ -306,6 +336,8 @@ pub enum MirrorEvent {
         reason: &'static str,
         message: String,
     },
+    /// The peer renews the leases too slowly for the TTL: said before anything lapses.
+    RenewalsTooSlow(RenewalShortfall),
     /// Verification found the peer's copy different from the origin's and repaired it.
     DriftRepaired {
         keys: usize,

@@ -39,7 +39,7 @@ pub mod verify;
 pub mod worker;
 
 pub use config::{DEFAULT_VERIFY_KEYS_PER_SECOND, MirrorConfig};
-pub use health::{MirrorEvent, PeerHealth, Phase, Refusal, ResyncCause};
+pub use health::{MirrorEvent, PeerHealth, Phase, Refusal, RenewalShortfall, ResyncCause};
 pub use records::checkpoint::OwningObject;
 pub use target::EtcdTarget;
 pub use verify::VerifyBudget;

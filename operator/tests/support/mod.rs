@@ -13,6 +13,7 @@ pub async fn install_crds(client: &kube::Client) -> anyhow::Result<()> {
 
 pub use aether_harness::ensure_namespace;
 
+pub mod consumer;
 pub mod etcd;
 pub mod mirror;
 pub mod operator;

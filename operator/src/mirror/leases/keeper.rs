@@ -5,22 +5,25 @@
 //! - Leases join and leave the running keeper (`keep`, `granted`); nothing restarts its streams.
 //! - A round renews the leases that are due over several LeaseKeepAlive streams to the peer's
 //!   leader when a probe saw it (a follower forwards each renewal to the leader, one at a time).
-//! - A round that fails or hangs is abandoned at its deadline and retried at once; leases renewed
-//!   by the answers it got stay renewed.
+//! - A round that fails, or gets no new answer for its deadline, is abandoned and retried at
+//!   once; leases renewed by the answers it got stay renewed. A round the peer keeps answering
+//!   runs on: its renewals are queued at the peer, and sending them again would only queue them
+//!   twice.
 //! - It feeds the failure detector and the health (round time, TTL left), tells the worker about
 //!   a lease that is gone or a peer whose cluster id changed, and answers whether leases are
 //!   alive (`liveness`).
 //!
 //! Dropping it stops the renewals; nothing is ever revoked.
-use super::renewal::{Book, Kept, Measured, Timing, chunks, retry_delay, streams_for};
+use super::renewal::{Book, Kept, Measured, Timing, deal, retry_delay, shortfall, streams_for};
 use super::rpc::KeepAliveStream;
+use crate::mirror::health::MirrorEvent;
 use crate::mirror::shared::Shared;
 use crate::mirror::target::RawChannel;
 use crate::mirror::{EtcdTarget, MirrorConfig};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::{Notify, mpsc, watch};
-use tracing::{Instrument, debug, info};
+use tracing::{Instrument, debug, info, warn};
 
 /// What the keeper tells the worker.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,6 +41,9 @@ pub fn is_lease_not_found(e: &etcd_client::Error) -> bool {
 /// The keeper's handle. The task ends when it is dropped.
 pub struct Keeper {
     book: Arc<Mutex<Book>>,
+    /// The leases of the layout being granted: capacity is judged against the whole layout while
+    /// its grants are still coming in.
+    layout: Arc<std::sync::atomic::AtomicUsize>,
     /// Wakes the task when leases join.
     joined: Arc<Notify>,
     /// Bumped after every round, so that `liveness` can wait for answers.
@@ -60,6 +66,7 @@ impl Keeper {
         signals: mpsc::Sender<KeeperSignal>,
     ) -> Keeper {
         let book = Arc::new(Mutex::new(Book::new()));
+        let layout = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let joined = Arc::new(Notify::new());
         let (rounds_tx, rounds) = watch::channel(0u64);
         let timing = Timing {
@@ -71,6 +78,7 @@ impl Keeper {
             peer,
             timing,
             book: book.clone(),
+            layout: layout.clone(),
             joined: joined.clone(),
             rounds: rounds_tx,
             shared,
@@ -81,7 +89,13 @@ impl Keeper {
             cluster: None,
         };
         let task = tokio::spawn(task.run().in_current_span());
-        Keeper { book, joined, rounds, task }
+        Keeper { book, layout, joined, rounds, task }
+    }
+
+    /// A layout of `leases` is being granted: until all of them are kept, the peer's renewal
+    /// capacity is judged against it rather than against the leases granted so far.
+    pub fn expect_layout(&self, leases: usize) {
+        self.layout.store(leases, std::sync::atomic::Ordering::Relaxed);
     }
 
     fn book(&self) -> std::sync::MutexGuard<'_, Book> {
@@ -176,6 +190,7 @@ struct Task {
     peer: EtcdTarget,
     timing: Timing,
     book: Arc<Mutex<Book>>,
+    layout: Arc<std::sync::atomic::AtomicUsize>,
     joined: Arc<Notify>,
     rounds: watch::Sender<u64>,
     shared: Arc<Shared>,
@@ -217,12 +232,13 @@ impl Task {
                     report_lost(*id, kept, &self.signals);
                 }
             }
-            let (due, next, deadline) = {
+            let (due, next, deadline, live) = {
                 let book = self.book();
                 (
                     self.timing.due(&book, now),
                     self.timing.next_round(&book, now),
                     self.timing.round_deadline(&book, now),
+                    book.values().filter(|k| !k.lost).count(),
                 )
             };
             if due.is_empty() {
@@ -237,23 +253,20 @@ impl Task {
             // password, a new connection takes several round trips, more than the shortest
             // deadline, and counting it would fail every retry once the leases run low.
             let connected = self.connect().await;
+            // Never fewer streams than the layout's floor, from the very first round on.
+            self.streams_wanted = streams_for(live, self.streams_wanted, None, self.timing.target_round());
             let started = Instant::now();
             let end = match connected {
                 Err(error) => RoundEnd { answered: 0, error: Some(error), silent: false },
-                Ok(()) => match tokio::time::timeout(deadline, self.round(&due, started)).await {
-                    Ok(end) => end,
-                    Err(_) => RoundEnd {
-                        answered: self.answered_since(&due, started),
-                        error: Some(format!("no answer within {deadline:?}")),
-                        silent: true,
-                    },
-                },
+                Ok(()) => self.round_while_answered(&due, started, deadline).await,
             };
             let elapsed = started.elapsed();
             let streams = self.connection.as_ref().map_or(0, |c| c.streams.len().max(1));
+            debug!(due = due.len(), answered = end.answered, ?elapsed, ?deadline, streams, "keepalive round");
             let measured = Measured { answered: end.answered, elapsed, streams };
-            self.streams_wanted =
-                streams_for(due.len(), self.streams_wanted, Some(measured), self.timing.target_round());
+            self.streams_wanted = streams_for(live, self.streams_wanted, Some(measured), self.timing.target_round());
+            let layout = live.max(self.layout.load(std::sync::atomic::Ordering::Relaxed));
+            self.judge_capacity(layout, measured);
             self.rounds.send_modify(|n| *n += 1);
             match end.error {
                 None => {
@@ -322,7 +335,7 @@ impl Task {
         let Some(connection) = self.connection.as_mut() else {
             return RoundEnd { answered: 0, error: Some("not connected".into()), silent: false };
         };
-        let runs = chunks(due, self.streams_wanted);
+        let runs = deal(due, self.streams_wanted);
         connection.streams.resize_with(runs.len(), || None);
         let raw = connection.raw.clone();
         let book = self.book.clone();
@@ -346,10 +359,34 @@ impl Task {
         RoundEnd { answered, error, silent: false }
     }
 
-    /// How many of `due` the peer answered since `since` (a round cut short by its deadline).
-    fn answered_since(&self, due: &[i64], since: Instant) -> usize {
-        let book = self.book();
-        due.iter().filter(|id| book.get(id).is_some_and(|k| k.answered_at.is_some_and(|t| t >= since))).count()
+    /// Runs a round for as long as the peer keeps answering: it is abandoned only once `deadline`
+    /// passes with no new answer. A peer that answers slowly works through its queue in order
+    /// (the stalest leases first), and abandoning the round would only queue the same renewals
+    /// again behind the ones it still holds: the rounds after would never be answered in time.
+    async fn round_while_answered(&mut self, due: &[i64], started: Instant, deadline: Duration) -> RoundEnd {
+        let book = self.book.clone();
+        let stalled = {
+            let round = self.round(due, started);
+            tokio::pin!(round);
+            let mut answered = 0;
+            loop {
+                tokio::select! {
+                    end = &mut round => break Ok(end),
+                    () = tokio::time::sleep(deadline) => {
+                        let now = answered_since(&book, due, started);
+                        if now == answered {
+                            break Err(now);
+                        }
+                        answered = now;
+                    }
+                }
+            }
+        };
+        stalled.unwrap_or_else(|answered| RoundEnd {
+            answered,
+            error: Some(format!("no answer for {deadline:?}")),
+            silent: true,
+        })
     }
 
     fn check_cluster(&mut self, seen: Option<u64>) {
@@ -358,6 +395,28 @@ impl Task {
             && from != to
         {
             let _ = self.signals.try_send(KeeperSignal::PeerChanged { from, to });
+        }
+    }
+
+    /// Whether the peer renews the whole layout (`leases`) within a third of the TTL at the rate
+    /// this round measured; a shortfall is said once when it starts (an event) and in the health
+    /// while it lasts. A round too small to measure a rate changes nothing.
+    fn judge_capacity(&mut self, leases: usize, measured: Measured) {
+        if !measured.measures_rate() {
+            return;
+        }
+        let short = shortfall(leases, measured, self.timing.ttl);
+        let started = short.is_some() && self.shared.health.borrow().renewal_shortfall.is_none();
+        self.shared.update(|h| h.renewal_shortfall = short);
+        if let Some(short) = short.filter(|_| started) {
+            warn!(
+                leases = short.leases,
+                rate = short.rate,
+                streams = short.streams,
+                round = ?short.round,
+                "the peer renews the leases too slowly for the TTL"
+            );
+            self.shared.emit(MirrorEvent::RenewalsTooSlow(short));
         }
     }
 
@@ -415,6 +474,12 @@ impl Task {
             }
         }
     }
+}
+
+/// How many of `due` the peer answered since `since`.
+fn answered_since(book: &Mutex<Book>, due: &[i64], since: Instant) -> usize {
+    let book = book.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    due.iter().filter(|id| book.get(id).is_some_and(|k| k.answered_at.is_some_and(|t| t >= since))).count()
 }
 
 /// Renews `run` on one stream (opened if needed), recording each answer in the book as it comes:
@@ -513,7 +578,7 @@ pub async fn measure_round(
     let book = Mutex::new(leases.iter().map(|id| (*id, Kept::default())).collect::<Book>());
     let (signals, _lost) = mpsc::channel(leases.len().max(1));
     let cluster = Mutex::new(None);
-    let runs = chunks(leases, streams);
+    let runs = deal(leases, streams);
     let mut slots: Vec<Option<KeepAliveStream>> = (0..runs.len()).map(|_| None).collect();
     let started = Instant::now();
     let round = futures::future::join_all(

@@ -1,13 +1,15 @@
 //! When and how the keeper renews the leases, without IO.
 //!
 //! Renewal is scheduled from the time each lease has left, not from a fixed beat: a round is due
-//! an interval after the least recently renewed lease; a round that fails or hangs is abandoned at
-//! a deadline of a third of what the stalest lease has left, and retried at once with a short
-//! capped backoff, so that a partition shorter than the TTL never costs a lease, however it ends.
+//! an interval after the least recently renewed lease; a round that fails, or hangs (no new
+//! answer for a deadline of a third of what the stalest lease has left), is abandoned and retried
+//! at once with a short capped backoff, so that a partition shorter than the TTL never costs a
+//! lease, however it ends. The stalest leases go first on every stream.
 //! A round renews only what it must (leases renewed in an earlier, partly failed attempt stay
 //! renewed), spread over as many streams as the measured rate needs to finish within a sixth of
 //! the TTL: etcd serves one stream's renewals one at a time, and a follower forwards each to the
 //! leader.
+use crate::mirror::health::RenewalShortfall;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -50,13 +52,18 @@ pub struct Timing {
 
 impl Timing {
     /// The leases a round renews now: every lease not gone that was renewed more than half an
-    /// interval ago, or never. Past the interval they all go together, so rounds stay few.
+    /// interval ago, or never. Past the interval they all go together, so rounds stay few. The
+    /// stalest come first (never renewed, then the oldest renewal): a round cut short at its
+    /// deadline has renewed the ones with the least time left.
     pub fn due(&self, book: &Book, now: Instant) -> Vec<i64> {
         let half = self.interval / 2;
-        book.iter()
+        let mut due: Vec<(Option<Instant>, i64)> = book
+            .iter()
             .filter(|(_, k)| !k.lost && k.renewed_at.is_none_or(|t| now.saturating_duration_since(t) >= half))
-            .map(|(id, _)| *id)
-            .collect()
+            .map(|(id, k)| (k.renewed_at, *id))
+            .collect();
+        due.sort_unstable();
+        due.into_iter().map(|(_, id)| id).collect()
     }
 
     /// When a round is due: an interval after the least recently renewed lease (now for one never
@@ -78,8 +85,9 @@ impl Timing {
             .min()
     }
 
-    /// How long a round may run before it is abandoned and retried: a third of what the stalest
-    /// lease has left, so that a hung round leaves room for two more before the TTL runs out.
+    /// How long a round may go without a new answer before it is abandoned and retried: a third
+    /// of what the stalest lease has left, so that a hung round leaves room for two more before
+    /// the TTL runs out.
     pub fn round_deadline(&self, book: &Book, now: Instant) -> Duration {
         let left = self.time_left(book, now).unwrap_or(self.ttl);
         (left / 3).clamp(MIN_ROUND_DEADLINE, self.ceiling.max(MIN_ROUND_DEADLINE))
@@ -112,13 +120,25 @@ pub struct Measured {
     pub streams: usize,
 }
 
-/// Streams for a round of `leases`: at least one per [`LEASES_PER_STREAM`], and as many as the
-/// last round's rate per stream needs to renew them all within `target`; fewer again (halving)
-/// once rounds run far under it. A round that got no answer says nothing of the rate.
+/// Answers a stream must have given in a round for the round to measure the peer's rate: a
+/// round of a few leases (a split's new one) measures the round trip, not the rate.
+pub const MIN_ANSWERS_PER_STREAM: usize = 64;
+
+impl Measured {
+    /// Whether the round says how fast the peer renews.
+    pub fn measures_rate(&self) -> bool {
+        self.streams > 0 && self.answered >= self.streams * MIN_ANSWERS_PER_STREAM
+    }
+}
+
+/// Streams for rounds of a layout of `leases`: at least one per [`LEASES_PER_STREAM`], and as
+/// many as the last round's rate per stream needs to renew them all within `target`; fewer again
+/// (halving) once rounds run far under it. A round that got no answer, or too few to measure a
+/// rate ([`Measured::measures_rate`]), changes nothing.
 pub fn streams_for(leases: usize, current: usize, last: Option<Measured>, target: Duration) -> usize {
     let floor = leases.div_ceil(LEASES_PER_STREAM).clamp(1, MAX_STREAMS);
     let current = current.max(floor).min(MAX_STREAMS);
-    let Some(m) = last.filter(|m| m.answered > 0 && m.streams > 0) else { return current };
+    let Some(m) = last.filter(Measured::measures_rate) else { return current };
     let per_stream = m.answered as f64 / (m.elapsed.as_secs_f64().max(1e-6) * m.streams as f64);
     let needed = (leases as f64 / (per_stream * target.as_secs_f64().max(1e-3))).ceil() as usize;
     if needed > current {
@@ -130,13 +150,37 @@ pub fn streams_for(leases: usize, current: usize, last: Option<Measured>, target
     }
 }
 
-/// `leases` cut into at most `streams` runs of nearly equal length, in order.
-pub fn chunks(leases: &[i64], streams: usize) -> Vec<Vec<i64>> {
-    if leases.is_empty() {
-        return Vec::new();
+/// Whether `leases` can be renewed within a third of `ttl` at the rate `last` measured: if not,
+/// two slow rounds and a retry would not fit in the TTL, and it is said before anything lapses.
+/// On fewer streams than the most, a round that would still fit in half the TTL says nothing yet
+/// (the next round adds streams); past half, there is no time to find out whether streams help
+/// (through one follower they do not). A round too small to measure a rate says nothing.
+pub fn shortfall(leases: usize, last: Measured, ttl: Duration) -> Option<RenewalShortfall> {
+    if !last.measures_rate() || leases == 0 {
+        return None;
     }
-    let size = leases.len().div_ceil(streams.max(1));
-    leases.chunks(size).map(<[i64]>::to_vec).collect()
+    let rate = last.answered as f64 / last.elapsed.as_secs_f64().max(1e-6);
+    let round = Duration::from_secs_f64(leases as f64 / rate);
+    let streams_can_help = last.streams < MAX_STREAMS && round <= ttl / 2;
+    (round > ttl / 3 && !streams_can_help).then_some(RenewalShortfall {
+        leases,
+        rate: rate.round() as u64,
+        streams: last.streams,
+        round,
+        ttl,
+    })
+}
+
+/// `leases` dealt to at most `streams` runs in turn, each run keeping their order: every stream
+/// starts with its share of the first (the stalest), so all of them are renewed first.
+pub fn deal(leases: &[i64], streams: usize) -> Vec<Vec<i64>> {
+    let runs = streams.clamp(1, leases.len().max(1));
+    let mut dealt: Vec<Vec<i64>> = (0..runs).map(|_| Vec::with_capacity(leases.len() / runs + 1)).collect();
+    for (i, id) in leases.iter().enumerate() {
+        dealt[i % runs].push(*id);
+    }
+    dealt.retain(|run| !run.is_empty());
+    dealt
 }
 
 #[cfg(test)]
@@ -236,12 +280,57 @@ mod tests {
     }
 
     #[test]
-    fn chunks_cover_every_lease_once_in_order() {
+    fn a_layout_the_measured_rate_cannot_renew_in_a_third_of_the_ttl_is_a_shortfall() {
+        let ttl = Duration::from_secs(6);
+        // 16,384 leases through one follower at 1,500 renewals a second on every stream: 10.9 s
+        // a round against the 2 s a 6 s TTL allows.
+        let slow = Measured { answered: 3_000, elapsed: Duration::from_secs(2), streams: MAX_STREAMS };
+        let short = shortfall(16_384, slow, ttl).expect("a shortfall");
+        assert_eq!((short.leases, short.streams), (16_384, MAX_STREAMS));
+        assert!(short.rate == 1_500 && short.round > Duration::from_secs(10), "{short:?}");
+        // The same rate at a 60 s TTL fits (20 s allowed).
+        assert_eq!(shortfall(16_384, slow, Duration::from_secs(60)), None);
+        // Fewer streams than the most, and a round that fits in half the TTL: the next round adds
+        // streams before anything is said.
+        let few = Measured { streams: 4, ..slow };
+        assert_eq!(shortfall(16_384, few, Duration::from_secs(24)), None);
+        // Fewer streams, but a round past half the TTL: said now, streams may not come in time.
+        assert!(shortfall(16_384, few, Duration::from_secs(20)).is_some());
+        assert!(shortfall(16_384, few, ttl).is_some());
+        // No answer says nothing of the rate; nothing kept needs nothing.
+        assert_eq!(shortfall(16_384, Measured { answered: 0, ..slow }, ttl), None);
+        assert_eq!(shortfall(0, slow, ttl), None);
+    }
+
+    #[test]
+    fn dealing_covers_every_lease_once_and_starts_every_stream_with_the_stalest() {
         let leases: Vec<i64> = (1..=10).collect();
-        assert_eq!(chunks(&leases, 3), vec![vec![1, 2, 3, 4], vec![5, 6, 7, 8], vec![9, 10]]);
-        assert_eq!(chunks(&leases, 20).len(), 10);
-        assert_eq!(chunks(&leases, 1), vec![leases.clone()]);
-        assert!(chunks(&[], 4).is_empty());
+        assert_eq!(deal(&leases, 3), vec![vec![1, 4, 7, 10], vec![2, 5, 8], vec![3, 6, 9]]);
+        assert_eq!(deal(&leases, 20).len(), 10);
+        assert_eq!(deal(&leases, 1), vec![leases.clone()]);
+        assert!(deal(&[], 4).is_empty());
+    }
+
+    #[test]
+    fn the_stalest_leases_are_due_first_whatever_their_ids() {
+        let t0 = Instant::now();
+        let mut book = Book::new();
+        book.insert(1, renewed(t0 + Duration::from_secs(3)));
+        book.insert(2, Kept::default());
+        book.insert(3, renewed(t0));
+        book.insert(4, renewed(t0 + Duration::from_secs(1)));
+        assert_eq!(timing().due(&book, t0 + Duration::from_secs(12)), vec![2, 3, 4, 1]);
+    }
+
+    #[test]
+    fn a_round_of_a_few_leases_measures_nothing() {
+        let target = Duration::from_secs(5);
+        // A split's new lease renewed alone in 8 ms on one of 16 streams: a round trip, not a
+        // rate; the streams stay, and no shortfall is read into it.
+        let tiny = Measured { answered: 2, elapsed: Duration::from_millis(8), streams: 2 };
+        assert!(!tiny.measures_rate());
+        assert_eq!(streams_for(16_384, 16, Some(tiny), target), 16);
+        assert_eq!(shortfall(16_423, tiny, Duration::from_secs(30)), None);
     }
 
     #[test]

@@ -269,6 +269,7 @@ impl Worker {
         // Many grants at a time, not one round trip each, but not all at once either: 16k
         // grants at once through a follower each outlive the RPC deadline.
         let missing: Vec<usize> = (0..state.leases.len()).filter(|s| state.leases[*s] == 0).collect();
+        self.keeper.expect_layout(state.leases.len() + state.retiring.len());
         let mut grants = futures::stream::iter(missing)
             .map(|shard| {
                 let mut peer = peer.clone();
@@ -283,6 +284,7 @@ impl Worker {
             granted_now += 1;
         }
         drop(grants);
+        self.keeper.expect_layout(0); // every lease of it is kept now
         if granted_now > 0 {
             info!(leases = granted_now, "leases granted for the layout");
             self.shared.emit(MirrorEvent::LeasesGranted { leases: granted_now });
