@@ -215,6 +215,73 @@ async fn registry_schema_status_follows_the_drain() {
     assert!(table.contains("Complete") && table.contains("300"), "{table}");
 }
 
+#[tokio::test]
+async fn a_second_legacy_prefix_migrated_into_the_same_region_is_refused_and_drains_nothing() {
+    let (apiserver, etcd) =
+        tokio::try_join!(KubeApiserver::start("schemas"), EtcdServer::start("schemas-etcd")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let client = prepare(&apiserver).await;
+    let mut c = Client::connect([etcd.endpoint()], None).await.unwrap();
+    // The same endpoints under two legacy prefixes, with different values: each maps to the
+    // same v1 key, so draining both would lose one of the two values.
+    for (prefix, zone) in [("/aether/services/", "z1"), ("/old-registry/", "z2")] {
+        for i in 0..20 {
+            let key = format!("{prefix}s/protocols/tcp/endpoints/10.2.0.{i}");
+            c.put(key, format!(r#"{{"clusterName":"c7","zone":"{zone}"}}"#), None).await.unwrap();
+        }
+    }
+    let _operator = start_operator(&apiserver, dir.path(), "operator-0", free_port());
+    let schema = |name: &str, prefix: &str| {
+        json!({
+            "apiVersion": "federation.aether.dev/v1alpha1",
+            "kind": "RegistrySchema",
+            "metadata": {"name": name, "namespace": NS},
+            "spec": {"etcd": {"endpoints": [etcd.endpoint()]}, "region": "eu", "cluster": "dflt",
+                     "legacyPrefix": prefix, "drain": {"quietPeriodSeconds": 1}},
+        })
+    };
+    create_json(&client, NS, schema("registry", "/aether/services/")).await.unwrap();
+    let api: Api<RegistrySchema> = Api::namespaced(client.clone(), NS);
+    let phase = |rs: &RegistrySchema| rs.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
+    let first = poll_until(&api, "registry", |rs| phase(rs) == "Complete").await;
+    assert_eq!(first.status.unwrap().counts.copied, 20);
+    create_json(&client, NS, schema("old", "/old-registry/")).await.unwrap();
+    let refused = poll_until(&api, "old", |rs| {
+        rs.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.reason == "SchemaClaimed"))
+    })
+    .await;
+    let ready = refused.status.unwrap().conditions.into_iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!(ready.status, "False");
+    for said in [format!("{NS}/registry"), "/aether/services/".to_string(), "/old-registry/".to_string()] {
+        assert!(ready.message.contains(&said), "{said:?} missing from {:?}", ready.message);
+    }
+    // Nothing of the second prefix was drained: its keys are all there, and the v1 keys still
+    // hold the first prefix's values.
+    let old = c.get("/old-registry/", Some(GetOptions::new().with_prefix().with_count_only())).await.unwrap();
+    assert_eq!(old.count(), 20);
+    let v1 = c.get(keys::cluster_prefix("eu", "c7"), Some(GetOptions::new().with_prefix())).await.unwrap();
+    assert_eq!(v1.kvs().len(), 20);
+    for kv in v1.kvs() {
+        assert!(kv.value_str().unwrap().contains("z1"), "{}: {}", kv.key_str().unwrap(), kv.value_str().unwrap());
+    }
+}
+
+/// Polls `name` until `f` holds.
+async fn poll_until(api: &Api<RegistrySchema>, name: &str, f: impl Fn(&RegistrySchema) -> bool) -> RegistrySchema {
+    tokio::time::timeout(WAIT, async {
+        loop {
+            if let Ok(rs) = api.get(name).await
+                && f(&rs)
+            {
+                return rs;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await; // the poll's pace
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{name}: not reached in {WAIT:?}"))
+}
+
 /// The mirror's records on the peer but its owner record.
 async fn bookkeeping(etcd: &EtcdServer, origin: &str) -> i64 {
     let mut c = Client::connect([etcd.endpoint()], None).await.unwrap();

@@ -145,6 +145,44 @@ pub fn conflict(me: &Claim, all: &[Claim]) -> Option<String> {
         })
 }
 
+/// One RegistrySchema's claim on a region's legacy keys in a registry etcd.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SchemaClaim {
+    /// namespace/name.
+    pub object: String,
+    pub region: String,
+    pub endpoints: Vec<String>,
+    pub legacy_prefix: String,
+    /// RFC 3339 creation time; the oldest claim wins.
+    pub created: String,
+}
+
+/// Why RegistrySchema `me` may not drain: an older one migrating the same region of the same etcd.
+/// The v1 key of an endpoint does not name the legacy prefix, so two prefixes drained into one
+/// region would map their endpoints onto the same v1 keys, and one of the two values would be
+/// lost (and its legacy key deleted); the same prefix twice would race for its lock.
+pub fn schema_conflict(me: &SchemaClaim, all: &[SchemaClaim]) -> Option<String> {
+    let norm = |e: &[String]| e.iter().map(|s| s.trim_end_matches('/').to_string()).collect::<Vec<_>>();
+    let mine = norm(&me.endpoints);
+    let winner = all
+        .iter()
+        .filter(|o| o.object != me.object && o.region == me.region)
+        .filter(|o| norm(&o.endpoints).iter().any(|e| mine.contains(e)))
+        .filter(|o| (&o.created, &o.object) < (&me.created, &me.object))
+        .min_by(|a, b| (&a.created, &a.object).cmp(&(&b.created, &b.object)))?;
+    Some(if winner.legacy_prefix == me.legacy_prefix {
+        format!(
+            "legacy prefix {} of region {} on this etcd is already drained by {}; this object drains nothing until that one is deleted",
+            me.legacy_prefix, me.region, winner.object
+        )
+    } else {
+        format!(
+            "region {} on this etcd is already migrated by {} from legacy prefix {}; draining {} too would map endpoints under both prefixes onto the same v1 keys and lose one of their values, so nothing of it is drained: move its keys under {}, or migrate it with that object deleted",
+            me.region, winner.object, winner.legacy_prefix, me.legacy_prefix, winner.legacy_prefix
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -238,6 +276,37 @@ mod tests {
         let all = vec![first.clone(), second.clone(), other_region, other_etcd];
         assert_eq!(conflict(&first, &all), None);
         assert!(conflict(&second, &all).unwrap().contains("ns/first"));
+    }
+
+    fn schema(object: &str, region: &str, endpoint: &str, prefix: &str, created: &str) -> SchemaClaim {
+        SchemaClaim {
+            object: object.into(),
+            region: region.into(),
+            endpoints: vec![endpoint.into()],
+            legacy_prefix: prefix.into(),
+            created: created.into(),
+        }
+    }
+
+    #[test]
+    fn a_second_legacy_prefix_drained_into_the_same_region_is_refused_naming_both() {
+        let first = schema("ns/registry", "a", "http://e:1", "/registry/", "2026-01-01T00:00:00Z");
+        let second = schema("ns/old", "a", "http://e:1/", "/old-registry/", "2026-01-02T00:00:00Z");
+        let all = vec![first.clone(), second.clone()];
+        assert_eq!(schema_conflict(&first, &all), None, "the oldest drains");
+        let refused = schema_conflict(&second, &all).expect("refused");
+        for said in ["ns/registry", "/registry/", "/old-registry/", "same v1 keys"] {
+            assert!(refused.contains(said), "{said:?} missing from {refused:?}");
+        }
+        // The same prefix twice: refused too, naming the one that drains it.
+        let again = schema("ns/again", "a", "http://e:1", "/registry/", "2026-01-03T00:00:00Z");
+        let refused = schema_conflict(&again, &[first.clone(), again.clone()]).expect("refused");
+        assert!(refused.contains("already drained by ns/registry"), "{refused}");
+        // Another region, or another etcd, is no conflict: their v1 keys differ.
+        let other_region = schema("ns/b", "b", "http://e:1", "/old-registry/", "2026-01-02T00:00:00Z");
+        let other_etcd = schema("ns/f", "a", "http://f:1", "/old-registry/", "2026-01-02T00:00:00Z");
+        assert_eq!(schema_conflict(&other_region, &[first.clone(), other_region.clone()]), None);
+        assert_eq!(schema_conflict(&other_etcd, &[first, other_etcd.clone()]), None);
     }
 
     #[test]

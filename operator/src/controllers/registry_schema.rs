@@ -1,5 +1,6 @@
 //! The RegistrySchema reconciler: runs the v0 -> v1 drain (leader only) and reports its phases
 //! and counters in status.
+use super::plan::{SchemaClaim, schema_conflict};
 use super::region_peering::ControllerSettings;
 use super::schema_status::{failed_status, status_from};
 use crate::api::{RegistrySchema, RegistrySchemaSpec, RegistrySchemaStatus};
@@ -9,6 +10,7 @@ use futures::StreamExt;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -32,11 +34,29 @@ pub struct Context {
     settings: ControllerSettings,
     metrics: Arc<Metrics>,
     drains: Mutex<HashMap<String, RunningDrain>>,
+    /// One store per watched namespace (or one for all): claims look at every RegistrySchema.
+    stores: Mutex<Vec<Store<RegistrySchema>>>,
 }
 
 impl Context {
     pub fn new(client: kube::Client, settings: ControllerSettings, metrics: Arc<Metrics>) -> Arc<Self> {
-        Arc::new(Context { client, settings, metrics, drains: Mutex::new(HashMap::new()) })
+        Arc::new(Context {
+            client,
+            settings,
+            metrics,
+            drains: Mutex::new(HashMap::new()),
+            stores: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Every RegistrySchema's claim, once the watched stores have listed them all: before that,
+    /// an older object not seen yet would let a newer one drain.
+    async fn claims(&self) -> Vec<SchemaClaim> {
+        let stores = self.stores.lock().expect("store lock").clone();
+        for store in &stores {
+            let _ = store.wait_until_ready().await;
+        }
+        stores.iter().flat_map(|s| s.state()).map(|rs| claim(&rs)).collect()
     }
 
     /// Stops every drain; each resumes where it stands under the next leader.
@@ -67,6 +87,7 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>, stop: Cancellatio
         None => Api::all(ctx.client.clone()),
     };
     let controller = Controller::new(api, watcher::Config::default());
+    ctx.stores.lock().expect("store lock").push(controller.store());
     // A drain follows its legacy prefix for as long as its RegistrySchema exists: stop the drains
     // of objects that are gone (nothing reconciles an object after its deletion).
     let store = controller.store();
@@ -167,6 +188,18 @@ async fn apply(rs: Arc<RegistrySchema>, ctx: Arc<Context>) -> Result<Action, Err
             return Ok(Action::requeue(Duration::from_secs(10)));
         }
     };
+    // Decide: an older RegistrySchema migrating this region of this etcd drains; this one
+    // drains nothing (its running drain stops) and says whose it is.
+    if let Some(message) = schema_conflict(&claim(&rs), &ctx.claims().await) {
+        if let Some(running) = ctx.drains.lock().expect("lock").remove(&key) {
+            running.cancel.cancel();
+            warn!(object = %key, %message, "drain refused");
+        }
+        let status = failed_status(&previous, rs.metadata.generation, SCHEMA_CLAIMED, &message);
+        write_status(&ctx, &rs, &previous, status).await?;
+        ctx.metrics.record_drain_phase(&spec.region, DrainPhase::Failed);
+        return Ok(Action::requeue(Duration::from_secs(10)));
+    }
     let fingerprint = drain_fingerprint(spec, target.fingerprint);
     let restart = ctx.drains.lock().expect("lock").get(&key).is_none_or(|d| d.fingerprint != fingerprint);
     if restart {
@@ -185,6 +218,21 @@ async fn apply(rs: Arc<RegistrySchema>, ctx: Arc<Context>) -> Result<Action, Err
     let status = status_from(&previous, rs.metadata.generation, &report, error.as_deref());
     write_status(&ctx, &rs, &previous, status).await?;
     Ok(Action::requeue(ctx.settings.refresh_interval.min(Duration::from_secs(2))))
+}
+
+/// The reason of a RegistrySchema refused because an older one migrates the same region of the
+/// same etcd.
+pub const SCHEMA_CLAIMED: &str = "SchemaClaimed";
+
+/// `rs`'s claim on its region's legacy keys.
+fn claim(rs: &RegistrySchema) -> SchemaClaim {
+    SchemaClaim {
+        object: format!("{}/{}", rs.namespace().unwrap_or_default(), rs.name_any()),
+        region: rs.spec.region.clone(),
+        endpoints: rs.spec.etcd.endpoints.clone(),
+        legacy_prefix: rs.spec.legacy_prefix.clone(),
+        created: rs.metadata.creation_timestamp.as_ref().map(|t| t.0.to_string()).unwrap_or_default(),
+    }
 }
 
 /// Everything that, when changed, restarts the drain.
