@@ -68,9 +68,10 @@ e2e: tools
 lint-chart: tools
 	$(CARGO) test -p aether-operator --test chart
 
-## e2e-kind: the e2e scenario on two kind clusters (needs Docker and kind)
-e2e-kind:
-	e2e/kind.sh
+## e2e-kind: the scenario on two kind clusters built offline (hack/kind/): the image and chart
+## this tree ships, installed with Helm; visibility, data path both ways, a leader handoff (root)
+e2e-kind: image chart
+	hack/kind/e2e.sh
 
 ## bench: the mirror's and the drain's throughput, latency and memory (prints a table)
 bench: tools

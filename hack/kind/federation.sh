@@ -155,6 +155,9 @@ deploy_etcd() { # REGION
   # so the users, when the pod goes away).
   docker exec "$(node_of "$r")" sh -c 'mkdir -p /var/lib/aether-registry-etcd && chown 65532:65532 /var/lib/aether-registry-etcd && chmod 0700 /var/lib/aether-registry-etcd' \
     || fail "preparing /var/lib/aether-registry-etcd on $(node_of "$r")"
+  # --initial-cluster-token per region: with one name and one peer URL everywhere, etcd would
+  # derive the same member and cluster ids in every region, and the operator (which tells etcd
+  # clusters apart by cluster id) would refuse each peer as the region's own etcd (PeerIsOrigin).
   k "$r" -n "$NS" apply -f - >/dev/null <<YAML || fail "applying the registry etcd in aether-$r"
 apiVersion: v1
 kind: Service
@@ -189,6 +192,7 @@ spec:
         - --listen-peer-urls=http://127.0.0.1:2380
         - --initial-advertise-peer-urls=http://127.0.0.1:2380
         - --initial-cluster=registry-etcd-0=http://127.0.0.1:2380
+        - --initial-cluster-token=aether-registry-$r
         - --listen-metrics-urls=http://0.0.0.0:2381
         - --cert-file=/etc/etcd/tls/tls.crt
         - --key-file=/etc/etcd/tls/tls.key
@@ -254,10 +258,17 @@ check_mirror_user() { # REGION ORIGIN
 
 secret_of() { # CLUSTER NAME CA CERT KEY [USER PASSWORD_FILE]
   local c=$1 n=$2 args=(--from-file=ca.crt="$3" --from-file=tls.crt="$4" --from-file=tls.key="$5")
-  [[ -z ${6:-} ]] || args+=(--from-literal=username="$6" --from-file=password="$7")
+  # The password file ends in a newline (openssl rand); the Secret must hold the password alone:
+  # the operator sends the key's bytes verbatim, and etcd refuses "<password>\n".
+  local pw=$work/.secret-password.$$
+  if [[ -n ${6:-} ]]; then
+    (umask 077 && tr -d '\n' <"$7" >"$pw")
+    args+=(--from-literal=username="$6" --from-file=password="$pw")
+  fi
   k "$c" -n "$NS" create secret generic "$n" "${args[@]}" --dry-run=client -o yaml \
     | k "$c" -n "$NS" label --local -f - app.kubernetes.io/part-of=aether-kind-federation -o yaml \
-    | k "$c" apply -f - >/dev/null || fail "Secret $n in aether-$c"
+    | k "$c" apply -f - >/dev/null || { rm -f "$pw"; fail "Secret $n in aether-$c"; }
+  rm -f "$pw"
 }
 
 # From a pod in cluster R, with the Secret the operator would read, over the kind network to
@@ -380,6 +391,14 @@ up)
     wait_for "aether-$r: registry-etcd-0 Ready" 180 etcd_ready "$r"
     wait_for "aether-$r: etcd answers on $(node_ip "$r"):$NODEPORT over mTLS" 60 etcd_answers "$r"
     etcd_auth "$r"
+  done
+  # Every region's etcd is its own cluster (the operator compares cluster ids).
+  declare -A cluster_of=()
+  for r in "${regions[@]}"; do
+    id=$(ectl "$r" root endpoint status -w fields 2>/dev/null | awk '/"ClusterID"/ {print $3}')
+    [[ -n $id ]] || fail "aether-$r: etcdctl endpoint status shows no cluster id"
+    [[ -z ${cluster_of[$id]:-} ]] || fail "aether-$r's etcd has the cluster id $id of aether-${cluster_of[$id]}'s: the operator would take one for the other (an etcd bootstrapped before --initial-cluster-token was set: federation.sh down, then up)"
+    cluster_of[$id]=$r
   done
   # Users and Secrets for every ordered pair: on r's etcd a user mirror-<o> for every other region o;
   # in o's cluster the Secret registry-etcd-peer-<r> holding it.

@@ -89,6 +89,36 @@ async fn a_peer_that_is_the_origin_itself_is_refused_before_anything_is_written(
     assert_eq!(key_count(&mut o, &keys::region_prefix("a")).await, 200);
 }
 
+/// Region etcds deployed from the same manifests (one member name, one peer URL, the default
+/// token) share a cluster id; the peer is another etcd all the same, told apart by a lease, and
+/// mirrored into: a cluster id alone must not refuse it as the origin.
+#[tokio::test]
+async fn a_peer_bootstrapped_like_the_origin_shares_its_cluster_id_and_is_still_mirrored_into() {
+    let same = [
+        "--name",
+        "registry-etcd-0",
+        "--initial-advertise-peer-urls",
+        "http://10.255.0.1:2380",
+        "--initial-cluster",
+        "registry-etcd-0=http://10.255.0.1:2380",
+    ];
+    let flavor = aether_harness::EtcdFlavor::from_env();
+    let (origin, peer) =
+        tokio::try_join!(EtcdServer::start_with("a", flavor, &same), EtcdServer::start_with("b", flavor, &same))
+            .unwrap();
+    let mut o = connect(&[origin.endpoint()], None).await;
+    let mut p = connect(&[peer.endpoint()], None).await;
+    let cluster_id = |s: etcd_client::StatusResponse| s.header().unwrap().cluster_id();
+    let ids = (cluster_id(o.status().await.unwrap()), cluster_id(p.status().await.unwrap()));
+    assert_eq!(ids.0, ids.1, "the two etcds were meant to share a cluster id");
+    write_keys(&mut o, "a", 0..100, "v1").await;
+    let (handle, _events) = start(claim("w1", &object("a"), "b"), plain(&origin), plain(&peer));
+    wait_synced(&handle).await;
+    converged(&o, &p, "a", DEADLINE).await;
+    assert!(handle.health().refusal.is_none(), "{:?}", handle.health());
+    handle.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_second_origin_claiming_the_region_is_refused_and_never_takes_the_peer_over_while_the_first_lives() {
     let (first, second, peer) =

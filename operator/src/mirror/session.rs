@@ -7,7 +7,7 @@ use super::context::{State, Worker};
 use super::health::Refusal;
 use super::health::{MirrorEvent, Phase, ResyncCause};
 use super::leases::keeper::KeeperSignal;
-use super::leases::keeper::most_ttl_left;
+use super::leases::keeper::{most_ttl_left, same_etcd};
 use super::plan::Oversized;
 use super::records::checkpoint::Owner;
 use super::records::resume::{
@@ -67,8 +67,9 @@ impl Worker {
             }
         };
         let claimant = self.claimant();
-        if let Some(Ok((_, status))) = &origin_early
+        if let Some(Ok((local, status))) = &origin_early
             && status.cluster_id == records.cluster_id
+            && self.is_the_origin(local, &peer).await
         {
             return Ok(SessionEnd::Refused(peer_is_origin(&claimant, &self.config.origin, records.cluster_id)));
         }
@@ -115,7 +116,7 @@ impl Worker {
             Some(answer) => answer?,
             None => origin.await?,
         };
-        if origin.cluster_id == records.cluster_id {
+        if origin.cluster_id == records.cluster_id && self.is_the_origin(&local, &peer).await {
             return Ok(SessionEnd::Refused(peer_is_origin(&claimant, &self.config.origin, records.cluster_id)));
         }
         state.lease_cap = crate::mirror::plan::lease_cap(self.config.max_keys_per_lease, state.auth_binds);
@@ -262,6 +263,23 @@ impl Worker {
     /// This worker's claim on the peer.
     pub(super) fn claimant(&self) -> Claimant<'_> {
         Claimant { owner_id: &self.config.owner_id, object: self.config.object.as_ref(), peer: &self.config.peer }
+    }
+
+    /// Whether the peer, which answers with the origin's cluster id, is the origin etcd itself
+    /// rather than another etcd bootstrapped from the same configuration. When the probe gets no
+    /// answer it counts as the origin: refusing is safe, mirroring a region into itself is not.
+    async fn is_the_origin(&self, local: &Client, peer: &Client) -> bool {
+        match same_etcd(local, peer, self.config.rpc_timeout).await {
+            Some(same) => {
+                if !same {
+                    warn!(
+                        "the peer's etcd has the origin's cluster id but is another etcd (both were bootstrapped from the same configuration); mirroring into it"
+                    );
+                }
+                same
+            }
+            None => true,
+        }
     }
 
     /// A connection to the origin etcd and what it answers now.

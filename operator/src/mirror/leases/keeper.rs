@@ -554,6 +554,23 @@ pub async fn most_ttl_left(peer: &etcd_client::Client, ids: &[i64], timeout: Dur
     Some(most)
 }
 
+/// Whether `origin` and `peer` are one etcd, for two connections whose etcds answer with one
+/// cluster id. That id is derived from the bootstrap configuration only, so etcds bootstrapped
+/// from the same manifests in two regions (same member names, peer URLs and
+/// `--initial-cluster-token`) share it. A lease is a fact of one etcd: one granted through the
+/// peer is looked up through the origin (no key permission needed for either call) and revoked.
+/// None when either did not answer.
+pub async fn same_etcd(origin: &etcd_client::Client, peer: &etcd_client::Client, timeout: Duration) -> Option<bool> {
+    let probe = tokio::time::timeout(timeout, peer.clone().lease_grant(10, None)).await.ok()?.ok()?.id();
+    let seen = match tokio::time::timeout(timeout, origin.clone().lease_time_to_live(probe, None)).await {
+        Ok(Ok(resp)) => Some(resp.ttl() > 0),
+        Ok(Err(e)) if is_lease_not_found(&e) => Some(false),
+        _ => None,
+    };
+    let _ = tokio::time::timeout(timeout, peer.clone().lease_revoke(probe)).await;
+    seen
+}
+
 /// What one measured renewal round did.
 #[derive(Clone, Debug)]
 pub struct RoundMeasure {
