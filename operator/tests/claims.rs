@@ -31,11 +31,17 @@ async fn wait_refused(handle: &aether_operator::mirror::MirrorHandle, reason: &s
     handle.health().refusal.unwrap().message
 }
 
+/// Region a's etcd holding `keys` endpoint keys, a peer etcd b, and clients of both.
+async fn origin_and_peer(keys: usize) -> (EtcdServer, EtcdServer, Client, Client) {
+    let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("b")).unwrap();
+    let (mut o, p) = (connect(&[origin.endpoint()], None).await, connect(&[peer.endpoint()], None).await);
+    write_keys(&mut o, "a", 0..keys, "v1").await;
+    (origin, peer, o, p)
+}
+
 #[tokio::test]
 async fn retiring_as_another_object_touches_nothing_of_the_live_owner() {
-    let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("b")).unwrap();
-    let (mut o, mut p) = (connect(&[origin.endpoint()], None).await, connect(&[peer.endpoint()], None).await);
-    write_keys(&mut o, "a", 0..300, "v1").await;
+    let (origin, peer, mut o, mut p) = origin_and_peer(300).await;
     let owner = object("a");
     let (handle, _events) = start(claim("w1", &owner, "b"), plain(&origin), plain(&peer));
     wait_synced(&handle).await;
@@ -166,9 +172,7 @@ async fn a_second_origin_claiming_the_region_is_refused_and_never_takes_the_peer
 
 #[tokio::test]
 async fn one_etcd_under_two_peer_names_is_refused_for_the_second_name() {
-    let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("b")).unwrap();
-    let (mut o, p) = (connect(&[origin.endpoint()], None).await, connect(&[peer.endpoint()], None).await);
-    write_keys(&mut o, "a", 0..100, "v1").await;
+    let (origin, peer, mut o, p) = origin_and_peer(100).await;
     let a = object("a");
     let (as_b, _eb) = start(claim("w-b", &a, "b"), plain(&origin), plain(&peer));
     wait_synced(&as_b).await;
@@ -203,9 +207,7 @@ struct Standby {
 }
 
 async fn standing_by() -> Standby {
-    let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("b")).unwrap();
-    let (mut o, p) = (connect(&[origin.endpoint()], None).await, connect(&[peer.endpoint()], None).await);
-    write_keys(&mut o, "a", 0..200, "v1").await;
+    let (origin, peer, mut o, p) = origin_and_peer(200).await;
     let a = object("a");
     let (deposed, _ed) = start(claim("deposed", &a, "b"), plain(&origin), plain(&peer));
     wait_synced(&deposed).await;
@@ -283,9 +285,7 @@ async fn a_dropped_handle_stops_its_worker() {
 /// 5 s once its successor shows itself and takes over with about half the TTL left.
 #[tokio::test]
 async fn at_the_defaults_a_successor_that_dies_is_replaced_with_time_to_spare() {
-    let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("b")).unwrap();
-    let (mut o, p) = (connect(&[origin.endpoint()], None).await, connect(&[peer.endpoint()], None).await);
-    write_keys(&mut o, "a", 0..200, "v1").await;
+    let (origin, peer, mut o, p) = origin_and_peer(200).await;
     let a = object("a");
     let at_defaults = |owner: &str| {
         let mut c = aether_operator::mirror::MirrorConfig::new("a", "b", owner);

@@ -160,12 +160,19 @@ async fn without_crds_the_operator_says_how_to_install_them() {
     assert!(text.contains("kubectl apply -f crds/") && text.contains("regionpeerings.federation.aether.dev"), "{text}");
 }
 
-#[tokio::test]
-async fn registry_schema_status_follows_the_drain() {
-    let (apiserver, etcd) = tokio::try_join!(KubeApiserver::start("schema"), EtcdServer::start("schema-etcd")).unwrap();
+/// A kube-apiserver with the CRDs, a registry etcd, a temp dir for the operator, and clients of both.
+async fn registry_and_apiserver(name: &str) -> (KubeApiserver, EtcdServer, tempfile::TempDir, kube::Client, Client) {
+    let etcd_name = format!("{name}-etcd");
+    let (apiserver, etcd) = tokio::try_join!(KubeApiserver::start(name), EtcdServer::start(&etcd_name)).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let client = prepare(&apiserver).await;
-    let mut c = Client::connect([etcd.endpoint()], None).await.unwrap();
+    let c = Client::connect([etcd.endpoint()], None).await.unwrap();
+    (apiserver, etcd, dir, client, c)
+}
+
+#[tokio::test]
+async fn registry_schema_status_follows_the_drain() {
+    let (apiserver, etcd, dir, client, mut c) = registry_and_apiserver("schema").await;
     for i in 0..300 {
         c.put(
             format!("/aether/services/s/protocols/tcp/endpoints/10.2.{}.{}", i / 200, i % 200),
@@ -217,11 +224,7 @@ async fn registry_schema_status_follows_the_drain() {
 
 #[tokio::test]
 async fn a_second_legacy_prefix_migrated_into_the_same_region_is_refused_and_drains_nothing() {
-    let (apiserver, etcd) =
-        tokio::try_join!(KubeApiserver::start("schemas"), EtcdServer::start("schemas-etcd")).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let client = prepare(&apiserver).await;
-    let mut c = Client::connect([etcd.endpoint()], None).await.unwrap();
+    let (apiserver, etcd, dir, client, mut c) = registry_and_apiserver("schemas").await;
     // The same endpoints under two legacy prefixes, with different values: each maps to the
     // same v1 key, so draining both would lose one of the two values.
     for (prefix, zone) in [("/aether/services/", "z1"), ("/old-registry/", "z2")] {
@@ -652,11 +655,7 @@ async fn a_leader_cut_off_from_the_api_server_stops_its_workers_before_a_standby
 
 #[tokio::test]
 async fn deleting_a_registry_schema_mid_drain_stops_it_and_releases_the_prefix() {
-    let (apiserver, etcd) =
-        tokio::try_join!(KubeApiserver::start("schema-del"), EtcdServer::start("schema-del-etcd")).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let client = prepare(&apiserver).await;
-    let mut c = Client::connect([etcd.endpoint()], None).await.unwrap();
+    let (apiserver, etcd, dir, client, mut c) = registry_and_apiserver("schema-del").await;
     let ops: Vec<TxnOp> = (0..2000)
         .map(|i| {
             TxnOp::put(

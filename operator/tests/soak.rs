@@ -204,10 +204,13 @@ async fn an_idle_federation_at_the_defaults_reports_no_unreachable_peer_and_writ
     let flaps: Vec<&MirrorEvent> =
         seen.iter().filter(|e| matches!(e, MirrorEvent::RegionUnreachable | MirrorEvent::RegionReachable)).collect();
     assert!(flaps.is_empty(), "a healthy idle peer was reported unreachable: {flaps:?}");
+    let slow: Vec<&MirrorEvent> = seen.iter().filter(|e| matches!(e, MirrorEvent::RenewalsTooSlow(_))).collect();
+    assert!(slow.is_empty(), "a healthy idle peer was reported too slow to renew: {slow:?}");
     assert_eq!(revision(&mut o).await, origin_before, "the origin etcd was written while idle");
     assert_eq!(revision(&mut p).await, peer_before, "the peer etcd was written while idle: {seen:?}");
     let health = handle.health();
     assert!(health.reachable && health.phase == Phase::Watching, "{health:?}");
+    assert!(health.renewal_shortfall.is_none(), "{health:?}");
     assert!(health.keepalive_rounds >= rounds + 50, "renewals went on: {health:?}");
     handle.shutdown().await;
 }

@@ -4,6 +4,7 @@ use crate::api::{
     InboundStatus, KeepaliveStatus, OversizedValue, PeerStatus, RegionPeeringSpec, RegionPeeringStatus,
     ReplicationStatus,
 };
+use crate::mirror::health::RENEWAL_ADVICE;
 use crate::mirror::inbound::InboundOrigin;
 use crate::mirror::{PeerHealth, Phase};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -290,7 +291,7 @@ fn keepalive_degraded(f: &Facts) -> Verdict {
         .filter_map(|h| match (&h.renewal_shortfall, h.last_keepalive_round()) {
             (Some(short), _) => Some(format!("{}: {}", h.peer, short.describe())),
             (None, Some(round)) if round * 3.0 > ttl as f64 => Some(format!(
-                "{}: a round of {} leases took {round:.1}s of a {ttl}s TTL; raise spec.lease.ttlSeconds, raise spec.sync.maxKeysPerLease (fewer leases), or list the peer's members in its endpoints so that renewals reach its leader",
+                "{}: a round of {} leases took {round:.1}s of a {ttl}s TTL; {RENEWAL_ADVICE}",
                 h.peer, h.leases
             )),
             _ => None,

@@ -264,6 +264,9 @@ impl ResyncCause {
     }
 }
 
+/// What to change when the peer renews too slowly for the TTL.
+pub const RENEWAL_ADVICE: &str = "raise spec.lease.ttlSeconds, raise spec.sync.maxKeysPerLease (fewer leases), or list the peer's members (not a load balancer or a single follower) in its endpoints so that renewals reach its leader";
+
 /// A layout the peer cannot renew within a third of the TTL at the rate it answers renewals.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RenewalShortfall {
@@ -281,7 +284,7 @@ impl RenewalShortfall {
     /// What a person reads: the numbers and what to change.
     pub fn describe(&self) -> String {
         format!(
-            "renewing {} leases takes {:.1}s at the {} renewals/s the peer answers over {} streams, more than a third of the {}s TTL; raise spec.lease.ttlSeconds, raise spec.sync.maxKeysPerLease (fewer leases), or list the peer's members (not a load balancer or a single follower) in its endpoints so that renewals reach its leader",
+            "renewing {} leases takes {:.1}s at the {} renewals/s the peer answers over {} streams, more than a third of the {}s TTL; {RENEWAL_ADVICE}",
             self.leases,
             self.round.as_secs_f64(),
             self.rate,
