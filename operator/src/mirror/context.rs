@@ -37,6 +37,9 @@ pub(super) struct State {
     pub retiring: Vec<i64>,
     /// The origin revision the peer holds completely.
     pub applied: i64,
+    /// Resumed from the records: the newest origin revision the predecessor's last Txns may have
+    /// landed, past `applied` (see `catch_up.rs`). A sync clears it.
+    pub peer_may_hold_through: Option<i64>,
     pub synced: bool,
     /// This worker completed a sync (or adopted a synced mirror) in an earlier session: a peer
     /// without its records now lost them.
@@ -151,13 +154,13 @@ impl Worker {
         write
     }
 
-    pub(super) fn progress_op(&self, revision: i64) -> TxnOp {
-        TxnOp::put(keys::progress_key(&self.config.origin), self.progress_value(revision), None)
+    pub(super) fn progress_op(&self, revision: i64, sent_through: i64) -> TxnOp {
+        TxnOp::put(keys::progress_key(&self.config.origin), self.progress_value(revision, sent_through), None)
     }
 
-    /// The progress record's value for `revision`.
-    pub(super) fn progress_value(&self, revision: i64) -> Vec<u8> {
-        Progress { owner: self.config.owner_id.clone(), revision }.encode()
+    /// The progress record's value for `revision`, its writer having sent up to `sent_through`.
+    pub(super) fn progress_value(&self, revision: i64, sent_through: i64) -> Vec<u8> {
+        Progress { owner: self.config.owner_id.clone(), revision, sent_through }.encode()
     }
 
     /// What one peer Txn may carry: the configured limits (ops lowered if the peer said so), less

@@ -9,7 +9,7 @@ use super::health::{MirrorEvent, Phase, ResyncCause};
 use super::leases::keeper::KeeperSignal;
 use super::leases::keeper::{most_ttl_left, same_etcd};
 use super::plan::Oversized;
-use super::records::checkpoint::Owner;
+use super::records::checkpoint::{Owner, Progress, SENT_UNKNOWN};
 use super::records::resume::{
     Claimant, Contest, OriginStatus, OwnerDecision, Ownership, decide_contest, decide_ownership, decide_resume,
     peer_is_origin,
@@ -19,7 +19,7 @@ use super::streams::spread::Spread;
 use super::streams::watch::WatchEnd;
 use crate::keys;
 use anyhow::{Context, anyhow};
-use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp};
+use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
@@ -141,7 +141,8 @@ impl Worker {
             );
         }
 
-        let epoch = self.acquire(&peer, &records, generation, resume.applied, origin.cluster_id).await?;
+        let (epoch, may_hold_through) =
+            self.acquire(&peer, &records, generation, resume.applied, origin.cluster_id).await?;
         self.shared.update(|h| h.refusal = None);
         state.ownership = Ownership { epoch: Some(epoch), generation, take_over: false };
         state.layout = crate::mirror::leases::shards::Layout::recorded(&resume.slots, resume.leases.len());
@@ -152,6 +153,7 @@ impl Worker {
         state.retiring = resume.retiring;
         state.applied = resume.applied;
         state.synced = resume.resync.is_none();
+        state.peer_may_hold_through = may_hold_through.filter(|_| state.synced);
         state.synced_once |= state.synced;
         state.resync_cause = resume.resync;
         state.origin_cluster_id = origin.cluster_id;
@@ -339,7 +341,7 @@ impl Worker {
         generation: u64,
         applied: i64,
         origin_cluster_id: u64,
-    ) -> anyhow::Result<i64> {
+    ) -> anyhow::Result<(i64, Option<i64>)> {
         let origin = &self.config.origin;
         let key = keys::owner_key(origin);
         let owner_unchanged = match &read.owner {
@@ -360,9 +362,15 @@ impl Worker {
             peer: self.config.peer.clone(),
             ..Default::default()
         };
-        let txn = Txn::new()
-            .when([owner_unchanged, checkpoint_unchanged, parts_unchanged])
-            .and_then([TxnOp::put(key.as_str(), owner.encode(), None), self.progress_op(applied)]);
+        // The progress record as the predecessor left it, read in the Txn that fences it: no Txn
+        // of its lands after this one. What it sent past `applied` is then known; until this
+        // worker's own batches say more, the record says it is not.
+        let progress = keys::progress_key(origin);
+        let txn = Txn::new().when([owner_unchanged, checkpoint_unchanged, parts_unchanged]).and_then([
+            TxnOp::get(progress.as_str(), None),
+            TxnOp::put(key.as_str(), owner.encode(), None),
+            self.progress_op(applied, SENT_UNKNOWN),
+        ]);
         let resp = self.rpc("take ownership", crate::mirror::target::kv(peer).txn(txn)).await?;
         self.shared.detector_success();
         if !resp.succeeded() {
@@ -370,7 +378,16 @@ impl Worker {
                 "the mirror's records on the peer changed while this worker took over (a predecessor still writing?); reading them again"
             );
         }
-        resp.header().map(|h| h.revision()).ok_or_else(|| anyhow!("txn response without header"))
+        let epoch = resp.header().map(|h| h.revision()).ok_or_else(|| anyhow!("txn response without header"))?;
+        let left = resp.op_responses().into_iter().find_map(|op| match op {
+            TxnOpResponse::Get(get) => get.kvs().first().map(|kv| Progress::decode(kv.value())),
+            _ => None,
+        });
+        let may_hold_through = match left.flatten() {
+            Some(record) => record.peer_may_hold_through(applied),
+            None => Some(SENT_UNKNOWN),
+        };
+        Ok((epoch, may_hold_through))
     }
 
     /// The peer's records for this origin, within the RPC deadline.

@@ -6,6 +6,8 @@
 //! a time); [`Consistency::PerKey`] that each key hold a value it had, never an older one than the
 //! previous read showed (what a far peer gives: Txns in flight together land in any order, each
 //! key's writes in the origin's). States are compared by an order-free hash of their pairs.
+//! Besides the reads, which can miss a brief state, a watch on the peer records every write it
+//! took: in either mode each key's writes must follow its history, never going back.
 use aether_operator::keys;
 use etcd_client::{Client, EventType, GetOptions, Txn, TxnOp, TxnOpResponse, WatchOptions};
 use std::collections::HashMap;
@@ -83,11 +85,17 @@ pub struct Verdict {
     pub unsynced: usize,
     /// Origin revisions some read matched.
     pub distinct_states: usize,
+    /// Writes to the subtree the peer's watch delivered.
+    pub peer_writes: usize,
 }
+
+/// One write to the peer as its watch delivered it: the key, and its value (None: deleted).
+type PeerWrite = (Vec<u8>, Option<Vec<u8>>);
 
 pub struct Consumer {
     history: Arc<Mutex<History>>,
     reads: Arc<Mutex<Vec<Read>>>,
+    peer_writes: Arc<Mutex<Vec<PeerWrite>>>,
     stop: Arc<AtomicBool>,
     origin: Client,
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -137,6 +145,8 @@ impl Consumer {
             }
         });
 
+        let peer_writes = Arc::new(Mutex::new(Vec::new()));
+        let follow = follow_writes(peer.clone(), prefix.clone(), peer_writes.clone()).await;
         let (peer, reading, stopped) = (peer.clone(), reads.clone(), stop.clone());
         let canary = keys::canary_key(region);
         let read = tokio::spawn(async move {
@@ -170,7 +180,7 @@ impl Consumer {
                 tokio::time::sleep(Duration::from_millis(30)).await; // the consumer's read pace
             }
         });
-        Consumer { history, reads, stop, origin: origin.clone(), tasks: vec![record, read] }
+        Consumer { history, reads, peer_writes, stop, origin: origin.clone(), tasks: vec![record, read, follow] }
     }
 
     /// Stops reading, waits until the history holds the origin's head, and checks every read.
@@ -189,6 +199,8 @@ impl Consumer {
         }
         let history = self.history.lock().unwrap();
         let reads = self.reads.lock().unwrap().clone();
+        let peer_writes = self.peer_writes.lock().unwrap().clone();
+        every_write_forward(&history, &peer_writes)?;
         let synced: Vec<(usize, &Read)> = reads.iter().enumerate().filter(|(_, r)| r.synced).collect();
         let distinct_states = match consistency {
             Consistency::Snapshot => snapshots_in_order(&history, &synced)?,
@@ -197,7 +209,12 @@ impl Consumer {
                 synced.iter().map(|(_, r)| r.hash).collect::<std::collections::BTreeSet<_>>().len()
             }
         };
-        Ok(Verdict { reads: reads.len(), unsynced: reads.len() - synced.len(), distinct_states })
+        Ok(Verdict {
+            reads: reads.len(),
+            unsynced: reads.len() - synced.len(),
+            distinct_states,
+            peer_writes: peer_writes.len(),
+        })
     }
 }
 
@@ -245,6 +262,51 @@ fn each_key_in_order(history: &History, reads: &[(usize, &Read)]) -> Result<(), 
             };
             at.insert(key.as_slice(), from + i);
         }
+    }
+    Ok(())
+}
+
+/// Records every write to `prefix` the peer's watch delivers, from its revision now, watching
+/// again from the next revision whenever the stream breaks (a member killed, a connection reset).
+async fn follow_writes(mut peer: Client, prefix: String, writes: Arc<Mutex<Vec<PeerWrite>>>) -> tokio::task::JoinHandle<()> {
+    let now = peer.get(prefix.as_str(), Some(GetOptions::new().with_prefix().with_count_only())).await.expect("peer revision");
+    let mut next = now.header().expect("header").revision() + 1;
+    tokio::spawn(async move {
+        loop {
+            let options = WatchOptions::new().with_prefix().with_start_revision(next);
+            if let Ok(mut stream) = peer.watch(prefix.as_str(), Some(options)).await {
+                while let Ok(Some(resp)) = stream.message().await {
+                    let mut recorded = writes.lock().unwrap();
+                    for event in resp.events() {
+                        let Some(kv) = event.kv() else { continue };
+                        next = kv.mod_revision() + 1;
+                        let value = (event.event_type() == EventType::Put).then(|| kv.value().to_vec());
+                        recorded.push((kv.key().to_vec(), value));
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await; // the consumer's retry pace
+        }
+    })
+}
+
+/// Every write the peer took sets a key to a value the origin gave it, no older than the one
+/// the key last had on the peer.
+fn every_write_forward(history: &History, writes: &[PeerWrite]) -> Result<(), String> {
+    let mut at: HashMap<&[u8], usize> = HashMap::new();
+    for (n, (key, value)) in writes.iter().enumerate() {
+        let Some(values) = history.per_key.get(key) else {
+            return Err(format!("peer write {n} sets {}, a key the origin never had", String::from_utf8_lossy(key)));
+        };
+        let from = at.get(key.as_slice()).copied().unwrap_or(0);
+        let Some(i) = values[from..].iter().position(|v| v == value) else {
+            return Err(format!(
+                "peer write {n} sets {} to {:?}, older than the peer already held or never the origin's",
+                String::from_utf8_lossy(key),
+                value.as_deref().map(String::from_utf8_lossy)
+            ));
+        };
+        at.insert(key.as_slice(), from + i);
     }
     Ok(())
 }

@@ -369,14 +369,30 @@ fn encode_parts(cp: &Checkpoint, per_part: usize) -> Vec<Vec<u8>> {
 pub struct Progress {
     pub owner: String,
     pub revision: i64,
+    /// The newest origin revision any Txn its writer sent may have carried: past `revision`, the
+    /// peer may hold parts of what lies up to it (batches in flight together land in any order).
+    /// [`SENT_UNKNOWN`] when nobody knows (a new owner before its first batch lands), and absent
+    /// (0) in earlier versions' records.
+    #[serde(default, rename = "sent", deserialize_with = "padded_revision")]
+    pub sent_through: i64,
 }
 
-/// The progress record as written: the revision first again, zero-padded, so that comparing two
-/// records' bytes (which etcd can do in a Txn) compares their revisions. Records without it
-/// (written by earlier versions, starting `{"owner"`) compare lower than any with it.
+/// A progress record's `sent_through` when what the peer may hold past it is unknown.
+pub const SENT_UNKNOWN: i64 = i64::MAX;
+
+fn padded_revision<'de, D: serde::Deserializer<'de>>(d: D) -> Result<i64, D::Error> {
+    let text = String::deserialize(d)?;
+    text.parse().map_err(serde::de::Error::custom)
+}
+
+/// The progress record as written: the revision first again, then what was sent, both
+/// zero-padded, so that comparing two records' bytes (which etcd can do in a Txn) compares their
+/// revisions and then what they sent. Records without it (written by earlier versions, starting
+/// `{"owner"`) compare lower than any with it.
 #[derive(Serialize)]
 struct OrderedProgress<'a> {
     rev: String,
+    sent: String,
     format: u32,
     owner: &'a str,
     revision: i64,
@@ -386,6 +402,7 @@ impl Progress {
     pub fn encode(&self) -> Vec<u8> {
         let ordered = OrderedProgress {
             rev: format!("{:020}", self.revision),
+            sent: format!("{:020}", self.sent_through),
             format: RECORD_FORMAT,
             owner: &self.owner,
             revision: self.revision,
@@ -395,6 +412,14 @@ impl Progress {
 
     pub fn decode(bytes: &[u8]) -> Option<Progress> {
         decode_known(bytes)
+    }
+
+    /// The newest origin revision the peer may hold writes of past `applied` (pure): none when
+    /// the record says its writer sent nothing past it.
+    pub fn peer_may_hold_through(&self, applied: i64) -> Option<i64> {
+        let known = self.sent_through >= self.revision && self.sent_through != SENT_UNKNOWN;
+        let through = if known { self.sent_through } else { SENT_UNKNOWN };
+        (through > applied).then_some(through)
     }
 }
 
@@ -499,9 +524,9 @@ mod tests {
         assert_eq!(Checkpoint::decode(&split.encode()), Some(split.clone()));
         assert_eq!(c.total_keys(), 7);
         assert_eq!(Checkpoint::decode(b"not json"), None);
-        let p = Progress { owner: "a/1".into(), revision: 1 << 40 };
+        let p = Progress { owner: "a/1".into(), revision: 1 << 40, sent_through: (1 << 40) + 5 };
         assert_eq!(Progress::decode(&p.encode()), Some(p.clone()));
-        assert!(p.encode().len() < 96, "progress stays small");
+        assert!(p.encode().len() < 128, "progress stays small");
         assert_eq!(
             Progress::decode(br#"{"owner":"x","revision":3}"#).map(|p| p.revision),
             Some(3),
@@ -511,8 +536,11 @@ mod tests {
 
     #[test]
     fn progress_records_compare_as_their_revisions_do() {
-        let at = |owner: &str, revision: i64| Progress { owner: owner.into(), revision }.encode();
+        let at = |owner: &str, revision: i64| Progress { owner: owner.into(), revision, sent_through: revision }.encode();
         assert!(at("a/1", 99) < at("a/1", 100), "more digits");
+        let sent = |revision: i64, sent_through: i64| Progress { owner: "a/1".into(), revision, sent_through }.encode();
+        assert!(sent(7, 9) < sent(7, 12), "at one revision, what was sent past it");
+        assert!(sent(7, SENT_UNKNOWN) < sent(8, 8), "the revision first");
         assert!(at("b/2", 7) < at("a/1", 8), "whoever wrote them");
         assert!(at("a/1", 0) < at("a/1", i64::MAX));
         assert!(
@@ -555,7 +583,9 @@ mod tests {
         assert_eq!(p.revision, 4711);
         // This version's progress records still order above the released ones at equal revisions
         // and by revision otherwise: the nested Txn's byte comparison keeps working across a roll.
-        assert!(released_format::PROGRESS < Progress { owner: "x".into(), revision: 4712 }.encode().as_slice());
+        assert!(released_format::PROGRESS < Progress { owner: "x".into(), revision: 4712, sent_through: 0 }.encode().as_slice());
+        assert!(released_format::PROGRESS < Progress { owner: "x".into(), revision: 4711, sent_through: 0 }.encode().as_slice());
+        assert_eq!(p.peer_may_hold_through(4711), Some(SENT_UNKNOWN), "a released record does not say what was sent");
         let o = Owner::decode(released_format::OWNER).expect("the released owner decodes");
         assert_eq!((o.generation, o.retired), (3, false));
     }
@@ -575,7 +605,7 @@ mod tests {
         let mut newer = written.clone();
         newer["format"] = serde_json::json!(RECORD_FORMAT + 1);
         assert_eq!(Checkpoint::decode(newer.to_string().as_bytes()), None);
-        let p = Progress { owner: "w".into(), revision: 8 };
+        let p = Progress { owner: "w".into(), revision: 8, sent_through: 8 };
         let mut newer_progress: serde_json::Value = serde_json::from_slice(&p.encode()).unwrap();
         newer_progress["format"] = serde_json::json!(RECORD_FORMAT + 1);
         assert_eq!(Progress::decode(newer_progress.to_string().as_bytes()), None);
@@ -767,5 +797,20 @@ mod tests {
         swapped.insert(key, swapped[&third_key].clone());
         swapped.insert(third_key, second);
         assert_eq!(read(&swapped).0, None);
+    }
+}
+
+#[cfg(test)]
+mod sent_tests {
+    use super::*;
+
+    #[test]
+    fn a_record_says_what_the_peer_may_hold_past_it() {
+        let at = |revision: i64, sent_through: i64| Progress { owner: "w".into(), revision, sent_through };
+        assert_eq!(at(10, 10).peer_may_hold_through(10), None, "one Txn in flight at a time: exact");
+        assert_eq!(at(10, 14).peer_may_hold_through(10), Some(14), "Txns in flight together");
+        assert_eq!(at(12, 12).peer_may_hold_through(10), Some(12), "raised after it was read");
+        assert_eq!(at(10, SENT_UNKNOWN).peer_may_hold_through(10), Some(SENT_UNKNOWN), "a new owner's");
+        assert_eq!(at(10, 0).peer_may_hold_through(10), Some(SENT_UNKNOWN), "an earlier version's");
     }
 }

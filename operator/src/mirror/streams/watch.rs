@@ -19,6 +19,7 @@ use crate::mirror::plan::{
     verify_overdue, watch_connections, watch_depth, watch_linger,
 };
 use crate::mirror::streams::apply::Applied;
+use crate::mirror::streams::catch_up::{Absorbed, CatchUp};
 use crate::mirror::streams::split::{Advance, Split, retarget};
 use crate::mirror::streams::spread::Spread;
 use crate::mirror::streams::sync::{RESERVED_REQUEST_BYTES, page_kvs};
@@ -31,6 +32,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::{Notify, mpsc};
 use tracing::{debug, info, warn};
+
+/// How often a resumed watch asks for progress until it has caught up: etcd answers only once the
+/// watcher has sent its history.
+const CATCH_UP_NUDGE: Duration = Duration::from_millis(100);
 
 /// Watch responses read in one go before the rest of the loop runs again.
 const WATCH_DRAIN_RESPONSES: usize = 1024;
@@ -190,10 +195,18 @@ impl Worker {
         let mut lingering = false;
         // Revisions (from the front of `pending`) in flight, and the revision they reach.
         let (mut dispatched, mut through_dispatched) = (0usize, state.applied);
+        // The newest revision any batch sent carried, if only part of it: recorded with the
+        // progress, it bounds what a successor finds landed past the record (see `catch_up.rs`).
+        let mut sent_through = state.applied;
         // Batches sent and landed; a split lists its old lease once those sent before it landed.
         let (mut sent, mut landed, mut split_barrier) = (0u64, 0u64, 0u64);
         let mut ticker = tokio::time::interval(self.config.progress_interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Resumed from the records, the watch applies nothing until it has caught up with where
+        // it began, and asks for progress often until then (see `catch_up.rs`).
+        let mut catch_up = CatchUp::new(state.peer_may_hold_through);
+        let mut nudge = tokio::time::interval(CATCH_UP_NUDGE);
+        nudge.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // The next page waits for the verify interval and for its slot in the origin's budget.
         let verifying = !self.config.verify_interval.is_zero();
         let next_page = || {
@@ -213,6 +226,13 @@ impl Worker {
             let room = pending_ops < self.config.max_pending_ops && pending_bytes < self.config.max_pending_bytes;
             if !room {
                 last_message = Instant::now();
+                if catch_up.holds_back() {
+                    warn!(
+                        writes = catch_up.absorbed,
+                        "the catch-up outgrew the pending bounds before the watch caught up: applying what it holds"
+                    );
+                    catch_up.give_up();
+                }
             }
             tokio::select! {
                 _ = self.cancel.cancelled() => return Ok(WatchEnd::Shutdown),
@@ -259,7 +279,8 @@ impl Worker {
                         }
                     }
                     if batch.split_ops_consumed > split && split == 0
-                        && let Some(rev) = pending.front() {
+                        && let Some(rev) = pending.front()
+                        && !catch_up.is_coalesced(rev.revision) {
                         warn!(revision = rev.revision, ops = rev.ops.len(), "a source revision exceeds the peer's Txn limits; applying it in parts");
                         self.shared.emit(MirrorEvent::RevisionSplit { revision: rev.revision, ops: rev.ops.len() });
                         self.shared.update(|h| h.split_revisions += 1);
@@ -288,6 +309,7 @@ impl Worker {
                     let mut message = first;
                     let mut seen = 0;
                     let mut read = 0;
+                    let mut caught_up = false;
                     loop {
                         read += 1;
                         let Some(response) = message.context("watching the origin")? else {
@@ -307,10 +329,14 @@ impl Worker {
                         }
                         fragment_open = response.0.fragment;
                         let header_revision = response.header().map(|h| h.revision()).unwrap_or(0);
+                        if response.created() {
+                            catch_up.started(header_revision, state.applied);
+                        }
                         if response.events().is_empty() {
                             // A progress notification: every event up to this revision was sent.
                             if !response.created() {
                                 progress_revision = progress_revision.max(header_revision);
+                                caught_up |= catch_up.delivered_through(progress_revision);
                             }
                         } else {
                             let received = SystemTime::now();
@@ -342,18 +368,44 @@ impl Worker {
                                 pending_ops += 1;
                                 pending_bytes += bytes;
                                 pending_keys += delta;
-                                match pending.back_mut() {
-                                    Some(last) if last.revision == revision => {
-                                        last.ops.push(op);
+                                let op = match catch_up.absorb(&mut pending, revision, op) {
+                                    Absorbed::No(op) => Some(op),
+                                    Absorbed::New => None,
+                                    Absorbed::Replacing(earlier) => {
+                                        pending_ops -= 1;
+                                        pending_bytes -= earlier.wire_size();
+                                        if let Some(meta) = pending_meta.back_mut() {
+                                            meta.bytes -= earlier.wire_size();
+                                        }
+                                        None
+                                    }
+                                };
+                                match op {
+                                    // Coalesced into the catch-up's entry, new or not.
+                                    None if pending_meta.len() < pending.len() => {
+                                        pending_meta.push_back(RevisionMeta { deltas: vec![(shard, delta)], bytes, received });
+                                    }
+                                    None => {
                                         let meta = pending_meta.back_mut().expect("parallel to pending");
                                         meta.deltas.push((shard, delta));
                                         meta.bytes += bytes;
                                     }
-                                    _ => {
-                                        pending.push_back(Revision { revision, ops: vec![op] });
-                                        pending_meta.push_back(RevisionMeta { deltas: vec![(shard, delta)], bytes, received });
-                                    }
+                                    Some(op) => match pending.back_mut() {
+                                        Some(last) if last.revision == revision => {
+                                            last.ops.push(op);
+                                            let meta = pending_meta.back_mut().expect("parallel to pending");
+                                            meta.deltas.push((shard, delta));
+                                            meta.bytes += bytes;
+                                        }
+                                        _ => {
+                                            pending.push_back(Revision { revision, ops: vec![op] });
+                                            pending_meta.push_back(RevisionMeta { deltas: vec![(shard, delta)], bytes, received });
+                                        }
+                                    },
                                 }
+                            }
+                            if !fragment_open {
+                                caught_up |= catch_up.delivered_through(newest);
                             }
                             if !found.is_empty() || !fixed.is_empty() {
                                 self.report_oversized(state, found, fixed);
@@ -368,6 +420,10 @@ impl Worker {
                             Some(next) => message = next,
                             None => break,
                         }
+                    }
+                    if caught_up {
+                        let keys = pending.front().map_or(0, |merged| merged.ops.len());
+                        info!(writes = catch_up.absorbed, keys, "resumed watch caught up; applying each key's newest write");
                     }
                     if state.auth_binds && pending_keys > 0 {
                         let projected = state.keys.iter().sum::<i64>() + pending_keys;
@@ -392,6 +448,9 @@ impl Worker {
                     }
                 }
                 () = &mut linger, if lingering => lingering = false,
+                _ = nudge.tick(), if catch_up.holds_back() => {
+                    self.rpc("request watch progress", stream.request_progress()).await?;
+                }
                 _ = &mut verify_slot, if !verify_due => verify_due = true,
                 done = async { splitting.as_mut().expect("guarded").step().await }, if splitting.as_ref().is_some_and(Split::running) => {
                     let task = splitting.as_mut().expect("guarded");
@@ -458,7 +517,8 @@ impl Worker {
                 && (quiet || last_verified.elapsed() >= verify_forced_after)
                 && !fragment_open
                 && split == 0
-                && splitting.is_none();
+                && splitting.is_none()
+                && !catch_up.holds_back();
             if verify_now && inflight.is_empty() {
                 verify_due = false;
                 last_verified = Instant::now();
@@ -504,10 +564,12 @@ impl Worker {
             // Renewals first: while they fail, only what is in flight goes on (the progress tick
             // looks again).
             let renewals_failing = self.renewals_failing();
-            while pipeline.running < depth
+            // Nor while a verification is due, or a resumed watch is catching up.
+            let may_send = !verify_now && !catch_up.holds_back();
+            while may_send
+                && pipeline.running < depth
                 && pipeline.bytes < MAX_WATCH_INFLIGHT_BYTES
                 && !fragment_open
-                && !verify_now
                 && !(renewals_failing && pipeline.running > 0)
             {
                 // A revision larger than one Txn goes alone, in parts.
@@ -545,6 +607,11 @@ impl Worker {
                 let progress =
                     if inflight.is_empty() { batch.applied_through.max(state.applied) } else { state.applied };
                 through_dispatched = through_dispatched.max(batch.applied_through);
+                let carried = match batch.revisions_consumed {
+                    0 => pending.get(dispatched).map_or(batch.applied_through, |part_of| part_of.revision),
+                    _ => batch.applied_through,
+                };
+                sent_through = sent_through.max(carried);
                 dispatched += batch.revisions_consumed;
                 sent += 1;
                 let alone = batch.revisions_consumed == 0;
@@ -555,7 +622,7 @@ impl Worker {
                     pending = pending.len() - dispatched,
                     "watch batch sent"
                 );
-                inflight.push_back(self.send_batch(spread.next(), epoch, batch, progress, state, &mut pipeline));
+                inflight.push_back(self.send_batch(spread.next(), epoch, batch, (progress, sent_through), state, &mut pipeline));
                 if pipeline.running > peak {
                     peak = pipeline.running;
                     self.shared.update(|h| h.batches_in_flight_peak = h.batches_in_flight_peak.max(peak));
@@ -577,7 +644,7 @@ impl Worker {
                     split_ops_consumed: 0,
                 };
                 sent += 1;
-                inflight.push_back(self.send_batch(peer, epoch, flush, state.applied, state, &mut pipeline));
+                inflight.push_back(self.send_batch(peer, epoch, flush, (state.applied, sent_through), state, &mut pipeline));
             }
         }
     }
@@ -703,13 +770,14 @@ impl Worker {
         Ok(None)
     }
 
-    /// Sends one batch, in its own task so that several can be in flight, recording `progress`.
+    /// Sends one batch, in its own task so that several can be in flight, recording `progress`
+    /// and what was sent: (the revision the peer holds completely, the newest any batch carried).
     fn send_batch(
         &self,
         peer: &Client,
         epoch: i64,
         batch: WatchBatch,
-        progress: i64,
+        (progress, sent_through): (i64, i64),
         state: &State,
         pipeline: &mut Pipeline,
     ) -> InFlight {
@@ -717,7 +785,7 @@ impl Worker {
         let ops = batch.ops.len();
         let bytes = batch.ops.iter().map(MirrorOp::wire_size).sum();
         pipeline.add(&keys, bytes);
-        let bookkeeping = vec![self.raise_progress_op(progress)];
+        let bookkeeping = vec![self.raise_progress_op(progress, sent_through)];
         let send = self.apply(peer, epoch, batch.ops, &state.leases, bookkeeping);
         let finished = pipeline.finished.clone();
         let succeeded = Arc::new(std::sync::atomic::AtomicBool::new(false));
