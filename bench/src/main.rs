@@ -10,6 +10,7 @@ mod fixtures;
 mod follow;
 mod keepalive;
 mod leases;
+mod limit;
 mod mesh;
 mod operator;
 mod process;
