@@ -36,7 +36,8 @@ pub async fn read_subtree(origin: &Client) -> anyhow::Result<Vec<(Vec<u8>, Vec<u
     let mut oc = origin.clone();
     let mut all = Vec::new();
     loop {
-        let mut resp = oc.get(cursor.clone(), Some(GetOptions::new().with_range(end.clone()).with_limit(10_000))).await?;
+        let mut resp =
+            oc.get(cursor.clone(), Some(GetOptions::new().with_range(end.clone()).with_limit(10_000))).await?;
         let more = resp.more();
         let kvs = resp.take_kvs();
         if let Some(last) = kvs.last() {
@@ -56,7 +57,10 @@ pub async fn peer_write_limit(kvs: &[(Vec<u8>, Vec<u8>)], peers: usize) -> anyho
     let mut sweep = Vec::new();
     for (connections, depth) in SWEEP {
         let fresh: Vec<EtcdServer> = futures::future::try_join_all(
-            ["limit-b", "limit-c"].into_iter().take(peers).map(|name| EtcdServer::start_with(name, EtcdFlavor::Default, &[])),
+            ["limit-b", "limit-c"]
+                .into_iter()
+                .take(peers)
+                .map(|name| EtcdServer::start_with(name, EtcdFlavor::Default, &[])),
         )
         .await?;
         let mut clients = Vec::new();
@@ -87,7 +91,9 @@ async fn write_all(kvs: &[(Vec<u8>, Vec<u8>)], clients: &[Client], depth: usize)
     let txns: Vec<(usize, Vec<TxnOp>)> = kvs
         .chunks(PUTS_PER_TXN)
         .enumerate()
-        .map(|(i, chunk)| (i % clients.len(), chunk.iter().map(|(k, v)| TxnOp::put(k.clone(), v.clone(), None)).collect()))
+        .map(|(i, chunk)| {
+            (i % clients.len(), chunk.iter().map(|(k, v)| TxnOp::put(k.clone(), v.clone(), None)).collect())
+        })
         .collect();
     futures::stream::iter(txns)
         .map(|(connection, ops)| {

@@ -14,7 +14,8 @@
 #      interval, so a lapse would show); regionpeering a must be Ready again under the new leader,
 #      with status.peers[b].replication.resyncs unchanged;
 #   4. forced leader handoff in a: the same with the leader Pod deleted with --force
-#      --grace-period=0 (it releases nothing): no key of a missing on b, no new ResyncStarted event,
+#      --grace-period=0 (the API object goes at once; the kubelet still stops the container with
+#      SIGTERM and its 2 s minimum grace): no key of a missing on b, no new ResyncStarted event,
 #      regionpeering a Ready under the new leader within AETHER_E2E_FORCED_READY_BOUND s;
 #   5. metrics over HTTPS: a ServiceAccount bound to the chart's metrics-reader ClusterRole, its
 #      token (kubectl create token), /metrics of the leader through kubectl port-forward and curl
@@ -342,6 +343,7 @@ done
 o=a p=b
 pre=$(prefix_of "$o")
 holder() { k "$o" -n "$NS" get lease "$LEASE_NAME" -o jsonpath='{.spec.holderIdentity}' 2>/dev/null; }
+lease_line() { k "$o" -n "$NS" get lease "$LEASE_NAME" -o jsonpath='{.spec.holderIdentity}|{.spec.renewTime}|{.spec.leaseDurationSeconds}' 2>/dev/null; }
 # Events of regionpeering/o by reason, repetitions counted (the recorder aggregates them in a series).
 event_count() { # REASON
   k "$o" -n "$NS" get events --field-selector "involvedObject.kind=RegionPeering,involvedObject.name=$o,reason=$1" -o json \
@@ -357,17 +359,18 @@ d = json.load(sys.stdin)
 for kv in d.get("kvs", []):
     print(base64.b64decode(kv["key"]).decode(), kv["mod_revision"], kv.get("lease", 0))'
 }
-deploy_arg() { # FLAG: the value of --FLAG=... in the operator container's args
-  k "$o" -n "$NS" get deployment "$RELEASE" -o jsonpath='{.spec.template.spec.containers[?(@.name=="operator")].args}' 2>/dev/null \
+deploy_arg() { # REGION FLAG: the value of --FLAG=... in the operator container's args ("true" for a bare --FLAG)
+  k "$1" -n "$NS" get deployment "$RELEASE" -o jsonpath='{.spec.template.spec.containers[?(@.name=="operator")].args}' 2>/dev/null \
     | python3 -c 'import json, sys
 flag = "--" + sys.argv[1]
 for a in json.load(sys.stdin):
     if a == flag: print("true")
-    elif a.startswith(flag + "="): print(a.split("=", 1)[1])' "$1"
+    elif a.startswith(flag + "="): print(a.split("=", 1)[1])' "$2"
 }
 
-# leader_handoff graceful|forced: the leader Pod of a is deleted (forced: --force --grace-period=0,
-# so the old leader neither releases the Lease nor stops its workers cleanly); b's copy of a's
+# leader_handoff graceful|forced: the leader Pod of a is deleted (forced: --force --grace-period=0:
+# the Pod object goes at once, a replacement starts while the old container may still run, and
+# the kubelet gives it only its 2 s minimum grace after SIGTERM); b's copy of a's
 # subtree is read about twice a second for at least the lease TTL + keepalive interval + 5 s and
 # must hold every key in every read; the standby takes the Lease and regionpeering a is Ready under
 # it (forced: within AETHER_E2E_FORCED_READY_BOUND s); no new ResyncStarted event, and resyncs
@@ -401,12 +404,18 @@ leader_handoff() {
   meta_before=$(copy_meta) || fail "reading $pre on aether-$p as JSON"
   local ttl ka lease_duration
   ttl=$(rp_field "$o" '{.spec.lease.ttlSeconds}') ka=$(rp_field "$o" '{.spec.lease.keepaliveIntervalSeconds}')
-  lease_duration=$(deploy_arg leader-lease-duration)
+  lease_duration=$(deploy_arg "$o" leader-lease-duration)
   say "$label: leader $leader; regionpeering/$o peers[$p].resyncs=$resyncs_before; aether-$p holds $n_expected keys of $o; mirror leases TTL ${ttl}s, keepalive ${ka}s; leader Lease duration ${lease_duration:-?}s"
 
   # Read b's copy at least for the lease TTL plus a keepalive interval (and 5 s): a lapse would show.
   local min_watch_ms=$(((ttl + ka + 5) * 1000))
-  local t0 polls=0 errors=0 t_takeover='' t_ready='' new_leader='' elapsed keys h_now
+  local t0 polls=0 errors=0 t_takeover='' t_ready='' new_leader='' elapsed keys h_now h_renew h_dur line last_renew='' last_dur='' emptied=''
+  # The Lease as the leader last renewed it before the delete (a released Lease may never show the
+  # old holder again).
+  if line=$(lease_line) && [[ -n $line ]]; then
+    IFS='|' read -r h_now h_renew h_dur <<<"$line" || true
+    [[ $h_now == "$leader" && -n $h_renew ]] && last_renew=$h_renew last_dur=$h_dur
+  fi
   t0=$(now_ms)
   k "$o" -n "$NS" delete pod "$leader" "${delete_flags[@]}" >/dev/null || fail "kubectl delete pod $leader ${delete_flags[*]}"
   while :; do
@@ -426,7 +435,14 @@ leader_handoff() {
       say "$label: reading aether-$p failed ($errors): $(tail -n 1 <<<"$keys")"
       ((errors <= 5)) || fail "reading aether-$p's etcd failed $errors times during the $label"
     fi
-    h_now=$(holder || true)
+    h_now='' h_renew='' h_dur=''
+    if line=$(lease_line) && [[ -n $line ]]; then
+      IFS='|' read -r h_now h_renew h_dur <<<"$line" || true
+      [[ -z $t_takeover && -z $h_now ]] && emptied=1
+    fi
+    # The old holder's last renewal seen: did the standby wait for its Lease to expire, or was it
+    # released (the old leader releases it on SIGTERM)?
+    [[ -z $t_takeover && $h_now == "$leader" && -n $h_renew ]] && last_renew=$h_renew last_dur=$h_dur
     if [[ -z $t_takeover && -n $h_now && $h_now != "$leader" ]]; then
       t_takeover=$(now_ms) new_leader=$h_now
       say "$label: Lease $LEASE_NAME held by $new_leader after $(secs $((t_takeover - t0))) s"
@@ -446,11 +462,25 @@ leader_handoff() {
     sleep 0.3
   done
   record "$label: leader Pod deleted to Lease held by the standby" "$(secs $((t_takeover - t0))) s"
+  # Informational: was the Lease released (its holder seen empty) or waited out? The standby
+  # notices either only at its next try, so the takeover time alone does not tell.
+  local expiry_ms how
+  if [[ -n $emptied ]]; then
+    how="released by $leader (holderIdentity seen empty before $new_leader took it)"
+  else
+    how="never seen released by $leader"
+    if [[ -n $last_renew && -n $last_dur ]] && expiry_ms=$(date -d "$last_renew" +%s%3N 2>/dev/null); then
+      expiry_ms=$((expiry_ms + last_dur * 1000))
+      how+="; taken $(secs $((t_takeover - expiry_ms))) s after its last renewal seen ($last_renew) + ${last_dur} s"
+    fi
+  fi
+  say "$label: the leader Lease was $how"
+  record "$label: leader Lease" "$how"
   record "$label: leader Pod deleted to regionpeering/$o Ready under it" "$(secs $((t_ready - t0))) s"
   if [[ $mode == forced ]]; then
     ((t_ready - t0 <= FORCED_READY_BOUND * 1000)) \
       || fail "regionpeering/$o Ready under $new_leader $(secs $((t_ready - t0))) s after the forced delete of $leader: over the bound of $FORCED_READY_BOUND s"
-    say "ok: $label: regionpeering/$o Ready $(secs $((t_ready - t0))) s after the forced delete (bound $FORCED_READY_BOUND s; the standby waits out the ${lease_duration:-?} s leader Lease the killed leader never released)"
+    say "ok: $label: regionpeering/$o Ready $(secs $((t_ready - t0))) s after the forced delete (bound $FORCED_READY_BOUND s)"
   fi
   say "$label: $polls reads of aether-$p's copy over $(secs $(($(now_ms) - t0))) s (at least the lease TTL + a keepalive interval), $n_expected keys of $o present in every one; $errors failed reads"
   local resyncs_after resync_events_after adopted_events_after meta_after reput
@@ -506,7 +536,7 @@ metrics_scrape() {
   local leader secure port role scheme pf_log body lp status t start
   leader=$(holder) || fail "no holder of the Lease $LEASE_NAME in aether-$o"
   k "$o" -n "$NS" wait --for=condition=Ready "pod/$leader" --timeout 60s >/dev/null || fail "the leader pod $leader is not Ready"
-  secure=$(deploy_arg metrics-secure)
+  secure=$(deploy_arg "$o" metrics-secure)
   port=$(k "$o" -n "$NS" get deployment "$RELEASE" -o jsonpath='{.spec.template.spec.containers[?(@.name=="operator")].ports[?(@.name=="metrics")].containerPort}')
   [[ -n $port ]] || fail "deployment/$RELEASE in aether-$o has no container port named metrics"
   if [[ $secure == true ]]; then
@@ -593,7 +623,8 @@ metrics_scrape
 # a keepalive interval before the operator went away. Bound, from the moment the operator's pods are
 # gone: TTL + keepalive interval + AETHER_E2E_LAPSE_MARGIN (5 s). b's failure detector calls a
 # unreachable once no round trip to a's etcd succeeded for the acceptable pause
-# (spec.failureDetector, default 2 x keepalive, below the TTL); b's status shows it within a refresh.
+# (spec.failureDetector, default 2 x keepalive, below the TTL); b's status shows it at its next
+# reconcile (--refresh-seconds): bound, from a's etcd pod gone, pause + refresh + AETHER_E2E_STATUS_MARGIN.
 rp_peer_of() { rp_field "$1" "{.status.peers[?(@.region==\"$2\")].$3}"; }
 rp_inbound_of() { rp_field "$1" "{.status.inbound[?(@.region==\"$2\")].$3}"; }
 rp_cond() { rp_field "$1" "{.status.conditions[?(@.type==\"$2\")].$3}"; }
@@ -612,7 +643,9 @@ region_loss() {
   [[ -n $ttl && -n $ka ]] || fail "regionpeering/$o shows no spec.lease.ttlSeconds/keepaliveIntervalSeconds"
   pause=$(rp_field "$p" '{.spec.failureDetector.acceptablePauseSeconds}' || true)
   [[ -n $pause ]] || pause=$(((2 * ka < ttl - 1) ? 2 * ka : ttl - 1))
-  refresh=$(rp_field "$p" '{.status.refreshIntervalSeconds}' || true); refresh=${refresh:-5}
+  # Visible changes are patched at each reconcile, every --refresh-seconds (5 by default);
+  # status.refreshIntervalSeconds (60) is the heartbeat of an unchanged status only.
+  refresh=$(deploy_arg "$p" refresh-seconds || true); refresh=${refresh:-5}
   lapse_bound=$((ttl + ka + LAPSE_MARGIN))
   status_bound=$((pause + refresh + STATUS_MARGIN))
   n_before=$(count_of "$p" "$pre")
@@ -722,6 +755,7 @@ region_recovery() {
   record "recovery: a's etcd scaled to 1 to Ready and answering" "$(secs $((t_etcd_ok - t_etcd))) s"
   local n_a; n_a=$(count_of "$o" "/aether/v1/regions/$o/clusters/kind-$o/")
   [[ $n_a == $((N_KEYS - N_DELETE)) ]] || fail "a's etcd holds $n_a of its $((N_KEYS - N_DELETE)) test keys after the restart (the data should survive on the node)"
+  say "recovery: a's etcd holds its $n_a test keys again, and $(count_of "$o" "$(prefix_of "$p")") keys of $p's copy (etcd's leases do not run down while it is stopped)"
   t_op=$(now_ms)
   k "$o" -n "$NS" scale "deployment/$RELEASE" --replicas=1 >/dev/null || fail "kubectl scale deployment/$RELEASE --replicas=1 in aether-$o"
   while :; do

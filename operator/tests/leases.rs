@@ -378,3 +378,48 @@ async fn a_wiped_peer_is_taken_back_at_once_and_the_resync_is_counted_with_its_c
     assert_eq!(health.resyncs_by_cause.get("records_lost"), Some(&1), "{health:?}");
     handle.shutdown().await;
 }
+
+/// A peer that answers a round's renewals slowly but steadily (a narrow link, a busy member) for
+/// longer than the acceptable pause is reachable: the failure detector hears of the answers as
+/// they come, not only at the end of the round. Before, such a peer was reported unreachable
+/// (a `RegionUnreachable` event and alert) at every long round while nothing was wrong.
+#[tokio::test]
+async fn a_long_round_the_peer_keeps_answering_is_not_an_unreachable_peer() {
+    let (origin, peer, _o, _p) = origin_and_peer(2_000).await;
+    let proxy = FaultProxy::start(peer.client_addr()).await.unwrap();
+    let mut cfg = fast_config("w1");
+    cfg.max_keys_per_lease = 2;
+    cfg.lease_ttl_seconds = 15;
+    cfg.keepalive_interval = Duration::from_secs(1);
+    cfg.acceptable_pause = Duration::from_millis(1500);
+    cfg.verify_interval = Duration::ZERO;
+    let (handle, mut events) = start(cfg, plain(&origin), through(&proxy));
+    wait_synced(&handle).await;
+    drain_events(&mut events);
+    // About 2,000 renewals a round through a narrow link: a round of a few seconds.
+    proxy.set_bandwidth(Some(64_000));
+    let mut rounds = handle.health().keepalive_rounds;
+    let mut rx = handle.subscribe();
+    let (mut unreachable_seen, mut long_rounds) = (false, 0);
+    // Three rounds longer than the acceptable pause (rounds of a split's few leases are short).
+    tokio::time::timeout(DEADLINE, async {
+        while long_rounds < 3 {
+            rx.changed().await.expect("worker alive");
+            let h = rx.borrow_and_update().clone();
+            unreachable_seen |= !h.reachable;
+            if h.keepalive_rounds > rounds {
+                rounds = h.keepalive_rounds;
+                long_rounds += usize::from(h.keepalive_rtts.back().is_some_and(|s| *s > 1.5));
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| {
+        panic!("three rounds longer than the pause: {long_rounds} in {DEADLINE:?}; {:?}", handle.health())
+    });
+    assert!(!unreachable_seen, "a peer answering a long round was reported unreachable");
+    let said: Vec<_> =
+        drain_events(&mut events).into_iter().filter(|e| matches!(e, MirrorEvent::RegionUnreachable)).collect();
+    assert!(said.is_empty(), "{said:?}");
+    handle.shutdown().await;
+}

@@ -268,8 +268,15 @@ fn each_key_in_order(history: &History, reads: &[(usize, &Read)]) -> Result<(), 
 
 /// Records every write to `prefix` the peer's watch delivers, from its revision now, watching
 /// again from the next revision whenever the stream breaks (a member killed, a connection reset).
-async fn follow_writes(mut peer: Client, prefix: String, writes: Arc<Mutex<Vec<PeerWrite>>>) -> tokio::task::JoinHandle<()> {
-    let now = peer.get(prefix.as_str(), Some(GetOptions::new().with_prefix().with_count_only())).await.expect("peer revision");
+async fn follow_writes(
+    mut peer: Client,
+    prefix: String,
+    writes: Arc<Mutex<Vec<PeerWrite>>>,
+) -> tokio::task::JoinHandle<()> {
+    let now = peer
+        .get(prefix.as_str(), Some(GetOptions::new().with_prefix().with_count_only()))
+        .await
+        .expect("peer revision");
     let mut next = now.header().expect("header").revision() + 1;
     tokio::spawn(async move {
         loop {

@@ -363,21 +363,32 @@ impl Task {
     /// passes with no new answer. A peer that answers slowly works through its queue in order
     /// (the stalest leases first), and abandoning the round would only queue the same renewals
     /// again behind the ones it still holds: the rounds after would never be answered in time.
+    /// Answers arriving are successful round trips: the failure detector hears of them while the
+    /// round runs, not only at its end (a long round of a busy peer is not an unreachable one),
+    /// and of their absence too (a peer silent mid-round is unreachable after the pause).
     async fn round_while_answered(&mut self, due: &[i64], started: Instant, deadline: Duration) -> RoundEnd {
-        let book = self.book.clone();
+        let (book, shared) = (self.book.clone(), self.shared.clone());
+        // Often enough for the shortest pause the detector allows (1 s); a look is one pass over
+        // the round's leases.
+        let look_every = (deadline / 4).clamp(Duration::from_millis(10), Duration::from_millis(250));
         let stalled = {
             let round = self.round(due, started);
             tokio::pin!(round);
-            let mut answered = 0;
+            let (mut answered, mut last_answer) = (0, Instant::now());
             loop {
                 tokio::select! {
                     end = &mut round => break Ok(end),
-                    () = tokio::time::sleep(deadline) => {
+                    () = tokio::time::sleep(look_every) => {
                         let now = answered_since(&book, due, started);
-                        if now == answered {
+                        if now > answered {
+                            (answered, last_answer) = (now, Instant::now());
+                            shared.detector_success();
+                        } else if last_answer.elapsed() >= deadline {
                             break Err(now);
                         }
-                        answered = now;
+                        // A peer gone silent mid-round is said within the pause, not only once
+                        // the round's deadline passed.
+                        shared.detector_evaluate();
                     }
                 }
             }

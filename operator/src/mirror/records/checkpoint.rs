@@ -536,7 +536,8 @@ mod tests {
 
     #[test]
     fn progress_records_compare_as_their_revisions_do() {
-        let at = |owner: &str, revision: i64| Progress { owner: owner.into(), revision, sent_through: revision }.encode();
+        let at =
+            |owner: &str, revision: i64| Progress { owner: owner.into(), revision, sent_through: revision }.encode();
         assert!(at("a/1", 99) < at("a/1", 100), "more digits");
         let sent = |revision: i64, sent_through: i64| Progress { owner: "a/1".into(), revision, sent_through }.encode();
         assert!(sent(7, 9) < sent(7, 12), "at one revision, what was sent past it");
@@ -583,8 +584,14 @@ mod tests {
         assert_eq!(p.revision, 4711);
         // This version's progress records still order above the released ones at equal revisions
         // and by revision otherwise: the nested Txn's byte comparison keeps working across a roll.
-        assert!(released_format::PROGRESS < Progress { owner: "x".into(), revision: 4712, sent_through: 0 }.encode().as_slice());
-        assert!(released_format::PROGRESS < Progress { owner: "x".into(), revision: 4711, sent_through: 0 }.encode().as_slice());
+        assert!(
+            released_format::PROGRESS
+                < Progress { owner: "x".into(), revision: 4712, sent_through: 0 }.encode().as_slice()
+        );
+        assert!(
+            released_format::PROGRESS
+                < Progress { owner: "x".into(), revision: 4711, sent_through: 0 }.encode().as_slice()
+        );
         assert_eq!(p.peer_may_hold_through(4711), Some(SENT_UNKNOWN), "a released record does not say what was sent");
         let o = Owner::decode(released_format::OWNER).expect("the released owner decodes");
         assert_eq!((o.generation, o.retired), (3, false));

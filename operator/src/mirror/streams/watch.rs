@@ -622,7 +622,14 @@ impl Worker {
                     pending = pending.len() - dispatched,
                     "watch batch sent"
                 );
-                inflight.push_back(self.send_batch(spread.next(), epoch, batch, (progress, sent_through), state, &mut pipeline));
+                inflight.push_back(self.send_batch(
+                    spread.next(),
+                    epoch,
+                    batch,
+                    (progress, sent_through),
+                    state,
+                    &mut pipeline,
+                ));
                 if pipeline.running > peak {
                     peak = pipeline.running;
                     self.shared.update(|h| h.batches_in_flight_peak = h.batches_in_flight_peak.max(peak));
@@ -644,7 +651,14 @@ impl Worker {
                     split_ops_consumed: 0,
                 };
                 sent += 1;
-                inflight.push_back(self.send_batch(peer, epoch, flush, (state.applied, sent_through), state, &mut pipeline));
+                inflight.push_back(self.send_batch(
+                    peer,
+                    epoch,
+                    flush,
+                    (state.applied, sent_through),
+                    state,
+                    &mut pipeline,
+                ));
             }
         }
     }
