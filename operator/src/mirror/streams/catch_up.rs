@@ -96,11 +96,12 @@ impl CatchUp {
         let merged = pending.back_mut().expect("the coalesced entry is at the back");
         merged.revision = revision;
         match self.index.get(op.key()) {
-            Some(&i) => Absorbed::Replacing(std::mem::replace(&mut merged.ops[i], op)),
+            Some(&i) => Absorbed::Replacing(i, std::mem::replace(&mut merged.ops[i], op)),
             None => {
-                self.index.insert(op.key().to_vec(), merged.ops.len());
+                let i = merged.ops.len();
+                self.index.insert(op.key().to_vec(), i);
                 merged.ops.push(op);
-                Absorbed::New
+                Absorbed::New(i)
             }
         }
     }
@@ -117,10 +118,10 @@ impl CatchUp {
 pub(in crate::mirror) enum Absorbed {
     /// Not part of the catch-up: the caller queues it as usual.
     No(MirrorOp),
-    /// Coalesced, the first write of its key.
-    New,
-    /// Coalesced over its key's earlier write, returned.
-    Replacing(MirrorOp),
+    /// Coalesced, the first write of its key, at this index of the entry's ops.
+    New(usize),
+    /// Coalesced over its key's earlier write (returned), at this index of the entry's ops.
+    Replacing(usize, MirrorOp),
 }
 
 #[cfg(test)]
@@ -199,9 +200,9 @@ mod tests {
         let mut catch_up = CatchUp::new(Some(i64::MAX));
         catch_up.started(20, 10);
         let mut pending = VecDeque::new();
-        assert_eq!(catch_up.absorb(&mut pending, 11, put("a", "1")), Absorbed::New);
+        assert_eq!(catch_up.absorb(&mut pending, 11, put("a", "1")), Absorbed::New(0));
         let delete = MirrorOp::Delete { key: b"a".to_vec() };
-        assert_eq!(catch_up.absorb(&mut pending, 12, delete.clone()), Absorbed::Replacing(put("a", "1")));
+        assert_eq!(catch_up.absorb(&mut pending, 12, delete.clone()), Absorbed::Replacing(0, put("a", "1")));
         assert_eq!(pending[0].ops, vec![delete]);
     }
 

@@ -21,7 +21,7 @@ use crate::keys;
 use crate::mirror::context::{State, Worker};
 use crate::mirror::leases::rpc::lease_keys;
 use crate::mirror::leases::shards::Layout;
-use crate::mirror::plan::{MirrorOp, Revision, TxnLimits};
+use crate::mirror::plan::TxnLimits;
 use crate::mirror::streams::apply::Applied;
 use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
 use std::collections::{BTreeSet, VecDeque};
@@ -104,23 +104,6 @@ impl Split {
                 StepDone::Fenced(by) | StepDone::Recorded(Applied::Fenced(by)) => Ok(Some(by)),
                 _ => Ok(None),
             },
-        }
-    }
-}
-
-/// Re-targets the ops received but not applied yet at the layout as it is now (pure): a key of
-/// the new shard goes straight onto the new lease. `deltas` are parallel to each revision's ops.
-pub(in crate::mirror) fn retarget<'a>(
-    pending: impl Iterator<Item = (&'a mut Revision, &'a mut Vec<(usize, i64)>)>,
-    layout: &Layout,
-) {
-    for (revision, deltas) in pending {
-        for (op, delta) in revision.ops.iter_mut().zip(deltas.iter_mut()) {
-            let shard = layout.shard_of(op.key());
-            if let MirrorOp::Put { shard: target, .. } = op {
-                *target = shard;
-            }
-            delta.0 = shard;
         }
     }
 }

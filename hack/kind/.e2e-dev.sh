@@ -1,0 +1,1341 @@
+#!/usr/bin/env bash
+# The kind e2e's first real-cluster scenario: two regions (a, b) from hack/kind/federation.sh, the
+# operator image `make image` built (target/image/aether-operator-<version>.oci.tar) loaded with
+# hack/kind/load-operator.sh, the packaged chart (target/chart/aether-federation-<version>.tgz)
+# installed with Helm into each cluster with the RegionPeering it renders from values, then:
+#
+#   1. both RegionPeerings Ready (kubectl wait, with a deadline);
+#   2. data path a -> b: N endpoint keys put into a's registry etcd under /aether/v1/regions/a/
+#      appear in b's etcd, verbatim (keys and values equal to the origin's); some are deleted and
+#      disappear from b; the same b -> a;
+#   3. leader handoff in a: the leader Pod (the holder of the Lease aether-operator-leader) is
+#      deleted gracefully; while the standby takes over, b's copy of a's subtree is read
+#      continuously and must never lose a key (for at least the lease TTL plus a keepalive
+#      interval, so a lapse would show); regionpeering a must be Ready again under the new leader,
+#      with status.peers[b].replication.resyncs unchanged;
+#   4. forced leader handoff in a: the same with the leader Pod deleted with --force
+#      --grace-period=0 (the API object goes at once; the kubelet still stops the container with
+#      SIGTERM and its 2 s minimum grace): no key of a missing on b, no new ResyncStarted event,
+#      regionpeering a Ready under the new leader within AETHER_E2E_FORCED_READY_BOUND s;
+#   5. metrics over HTTPS: a ServiceAccount bound to the chart's metrics-reader ClusterRole, its
+#      token (kubectl create token), /metrics of the leader through kubectl port-forward and curl
+#      from this host: 200 with the operator's aether_federation_ families; no token 401, a bogus
+#      token 401, an unbound ServiceAccount's token 403;
+#   6. region loss: a's operator scaled to 0 and a's registry etcd (StatefulSet) scaled to 0; a's
+#      copy on b must lapse within the lease TTL + keepalive interval + AETHER_E2E_LAPSE_MARGIN s of
+#      the operator's pods being gone, and regionpeering b must report a unreachable (PeersReachable
+#      False, peers[a].reachable false) and inbound[a].keys 0; then recovery: a's etcd and one
+#      operator replica back, a's keys back on b, regionpeering a and b Ready, b's copy in a equal.
+#
+#   hack/kind/e2e.sh            run it; the clusters are deleted at the end (federation.sh down)
+#   KEEP=1 hack/kind/e2e.sh     keep the clusters (and dockerd) afterwards
+#
+# Knobs: AETHER_E2E_KEYS (endpoint keys per region, default 50), AETHER_E2E_DELETE (how many of them
+# are deleted, default 10), AETHER_E2E_READY_TIMEOUT (s, default 300), AETHER_E2E_PROPAGATION_TIMEOUT
+# (s, default 120), AETHER_E2E_HANDOFF_TIMEOUT (s, default 180), AETHER_E2E_FORCED_READY_BOUND (s,
+# default 60), AETHER_E2E_LAPSE_MARGIN (s, default 5), AETHER_E2E_STATUS_MARGIN (s, default 10: on
+# top of b's acceptable pause and status refresh), AETHER_E2E_RECOVERY_TIMEOUT (s, default 180).
+#
+# Needs what federation.sh and load-operator.sh need (root, the node image's cache, `make tools`'
+# helm and etcdctl, python3), the operator's OCI archive (`make image`; this script never builds
+# Rust), and runs offline. Every wait polls with a deadline and says what it saw on a timeout; any
+# failure dumps `kubectl describe` of the pods and RegionPeerings, the operator's logs and the
+# events of both clusters. The measured times are printed at the end, on failure too.
+set -euo pipefail
+# shellcheck source=lib.sh
+source "$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/lib.sh"
+
+REGIONS=(a b)
+NS=aether-system
+RELEASE=aether
+NODEPORT=${AETHER_KIND_ETCD_NODEPORT:-32379}
+N_KEYS=${AETHER_E2E_KEYS:-50}
+N_DELETE=${AETHER_E2E_DELETE:-10}
+READY_TIMEOUT=${AETHER_E2E_READY_TIMEOUT:-300}
+PROPAGATION_TIMEOUT=${AETHER_E2E_PROPAGATION_TIMEOUT:-120}
+HANDOFF_TIMEOUT=${AETHER_E2E_HANDOFF_TIMEOUT:-180}
+FORCED_READY_BOUND=${AETHER_E2E_FORCED_READY_BOUND:-60}
+LAPSE_MARGIN=${AETHER_E2E_LAPSE_MARGIN:-5}
+STATUS_MARGIN=${AETHER_E2E_STATUS_MARGIN:-10}
+RECOVERY_TIMEOUT=${AETHER_E2E_RECOVERY_TIMEOUT:-180}
+UPGRADE=${AETHER_E2E_UPGRADE:-1}
+UPGRADE_TIMEOUT=${AETHER_E2E_UPGRADE_TIMEOUT:-300}
+LOAD_RATE=${AETHER_E2E_LOAD_RATE:-100}
+LOAD_BATCH=${AETHER_E2E_LOAD_BATCH:-10}
+LOAD_POOL=${AETHER_E2E_LOAD_POOL:-200}
+ROTATION=${AETHER_E2E_ROTATION:-1}
+ROTATION_TIMEOUT=${AETHER_E2E_ROTATION_TIMEOUT:-60}
+UNINSTALL=${AETHER_E2E_UNINSTALL:-1}
+UNINSTALL_TIMEOUT=${AETHER_E2E_UNINSTALL_TIMEOUT:-300}
+LEASE_NAME=aether-operator-leader     # the chart's leaderElection.leaseName
+
+root=$(cd "$kind_dir/../.." && pwd)
+fed_dir=${AETHER_KIND_FED_DIR:-/tmp/aether-kind-federation}
+kubeconfig=$fed_dir/kubeconfig
+kubectl_bin=$tools_dir/kind-kube-$KUBE_VERSION/kubectl
+helm_bin=$bin_dir/helm
+etcdctl_bin=$bin_dir/etcdctl
+started_file=${AETHER_KIND_STATE_DIR:-/run/aether-federation}/dockerd.started-by-engine-sh
+
+need_root "the kind e2e"
+((N_DELETE < N_KEYS)) || die "AETHER_E2E_DELETE ($N_DELETE) must be less than AETHER_E2E_KEYS ($N_KEYS)"
+[[ -x $helm_bin ]] || die "$helm_bin is missing: run 'make tools'"
+[[ -x $etcdctl_bin ]] || die "$etcdctl_bin is missing: run 'make tools'"
+command -v python3 >/dev/null || die "python3 is needed"
+command -v curl >/dev/null || die "curl is needed (the metrics scrape; apt-get install curl)"
+version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version *= *"\(.*\)"/\1/p' "$root/Cargo.toml")
+[[ -n $version ]] || die "no version in Cargo.toml's [workspace.package]"
+archive=${AETHER_OPERATOR_ARCHIVE:-$root/target/image/aether-operator-$version.oci.tar}
+[[ -f $archive ]] || die "$archive does not exist: run 'make image' first (this script does not build the operator)"
+chart_tgz=$root/target/chart/aether-federation-$version.tgz
+
+# --- Helpers ----------------------------------------------------------------------------------------
+now_ms() { date +%s%3N; }
+secs() { awk -v ms="$1" 'BEGIN { printf "%.1f", ms / 1000 }'; }   # milliseconds -> "12.3"
+k() { local r=$1; shift; "$kubectl_bin" --kubeconfig "$kubeconfig" --context "kind-aether-$r" "$@"; }
+h() { local r=$1; shift; "$helm_bin" --kubeconfig "$kubeconfig" --kube-context "kind-aether-$r" "$@"; }
+node_of() { echo "aether-$1-control-plane"; }
+node_ip() { docker inspect -f '{{with index .NetworkSettings.Networks "kind"}}{{.IPAddress}}{{end}}' "$(node_of "$1")" 2>/dev/null; }
+# etcdctl from this host against region R's registry etcd (NodePort over the kind network), as root.
+ectl() {
+  local r=$1 d=$fed_dir/region-$1; shift
+  "$etcdctl_bin" --endpoints "https://$(cat "$d/node-ip"):$NODEPORT" --cacert "$d/ca.crt" \
+    --cert "$d/client-root.crt" --key "$d/client-root.key" --dial-timeout 5s --command-timeout 10s "$@"
+}
+prefix_of() { echo "/aether/v1/regions/$1/"; }
+endpoint_key() { # REGION I: the v1 layout of operator/src/keys.rs
+  echo "/aether/v1/regions/$1/clusters/kind-$1/services/echo/protocols/http/endpoints/10.$2.$(($3 / 250)).$(($3 % 250 + 1))"
+}
+region_index() { case $1 in a) echo 1 ;; b) echo 2 ;; *) echo 9 ;; esac; }
+rp_field() { k "$1" -n "$NS" get regionpeering "$1" -o jsonpath="$2" 2>/dev/null; }
+ready_status() { rp_field "$1" '{.status.conditions[?(@.type=="Ready")].status}'; }
+rp_summary() { # REGION: what a person would look at
+  k "$1" -n "$NS" get regionpeering "$1" -o jsonpath='leader={.status.leader} peersReady={.status.peersReady}{"\n"}{range .status.conditions[*]}  {.type}={.status} {.reason}: {.message}{"\n"}{end}{range .status.peers[*]}  peer {.region}: phase={.phase} reachable={.reachable} keys={.replication.keys} synced={.replication.synced} resyncs={.replication.resyncs} lag={.replication.lagSeconds}s/{.replication.lagRevisions}rev lastError={.lastError}{"\n"}{end}{range .status.inbound[*]}  inbound {.region}: keys={.keys} synced={.synced} leaseTtlRemaining={.leaseTtlRemainingSeconds}s{"\n"}{end}' 2>&1 || true
+}
+
+phase=preflight
+declare -A times=()
+order=()
+record() { times[$1]=$2; order+=("$1"); say "time: $1 = $2"; }
+
+dump() {
+  local r p
+  for r in "${REGIONS[@]}"; do
+    docker inspect "$(node_of "$r")" >/dev/null 2>&1 || { echo "===== aether-$r: no node container =====" >&2; continue; }
+    echo "===== aether-$r: pods =====" >&2
+    k "$r" get pods -A -o wide >&2 2>&1 || true
+    echo "===== aether-$r: describe pods in $NS =====" >&2
+    k "$r" -n "$NS" describe pods >&2 2>&1 || true
+    echo "===== aether-$r: regionpeerings =====" >&2
+    k "$r" -n "$NS" get regionpeerings -o wide >&2 2>&1 || true
+    k "$r" -n "$NS" describe regionpeerings >&2 2>&1 || true
+    echo "===== aether-$r: leases, deployment, helm =====" >&2
+    k "$r" -n "$NS" get leases -o wide >&2 2>&1 || true
+    k "$r" -n "$NS" describe deployment "$RELEASE" >&2 2>&1 || true
+    h "$r" -n "$NS" status "$RELEASE" >&2 2>&1 || true
+    for p in $(k "$r" -n "$NS" get pods -l app.kubernetes.io/name=aether-operator -o name 2>/dev/null); do
+      echo "===== aether-$r: logs of $p (last 200 lines) =====" >&2
+      k "$r" -n "$NS" logs "$p" --tail 200 >&2 2>&1 || true
+      k "$r" -n "$NS" logs "$p" --previous --tail 50 >&2 2>/dev/null || true
+    done
+    echo "===== aether-$r: events (last 80) =====" >&2
+    k "$r" get events -A --sort-by=.lastTimestamp 2>&1 | tail -n 80 >&2 || true
+  done
+}
+
+print_times() {
+  local t
+  ((${#order[@]})) || return 0
+  echo "e2e: measured times:"
+  for t in "${order[@]}"; do printf '  %-66s %s\n' "$t" "${times[$t]}"; done
+}
+
+engine_started_here=
+e2e_tmp=''
+on_exit() {
+  local rc=$?
+  trap - EXIT INT TERM
+  local pid
+  for pid in ${pf_pid:-} ${writer_pid:-} ${stale_watch_pid:-}; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
+  [[ -n $e2e_tmp ]] && rm -rf "$e2e_tmp"
+  if ((rc != 0)); then
+    echo "e2e: FAILED in phase '$phase' (exit $rc); what the clusters show:" >&2
+    dump
+  fi
+  print_times
+  if [[ ${KEEP:-} == 1 ]]; then
+    say "KEEP=1: clusters kept (export KUBECONFIG=$kubeconfig; hack/kind/federation.sh down deletes them)"
+  else
+    say "deleting the clusters (hack/kind/federation.sh down ${REGIONS[*]})"
+    "$kind_dir/federation.sh" down "${REGIONS[@]}" || say "federation.sh down failed (exit $?)"
+    if [[ -n $engine_started_here && -f $started_file && -z $(/usr/bin/docker ps -q 2>/dev/null) ]]; then
+      "$kind_dir/engine.sh" stop || true
+    fi
+  fi
+  if ((rc == 0)); then echo "e2e: PASSED"; else echo "e2e: FAILED ($phase)"; fi
+  exit "$rc"
+}
+trap on_exit EXIT
+trap 'exit 130' INT TERM
+
+fail() { echo "e2e: FAILED: $*" >&2; exit 1; }
+e2e_tmp=$(mktemp -d /tmp/aether-kind-e2e.XXXXXX)
+
+# kubectl aether (docs: the operator's binary, installed as kubectl-aether; `make krew` packs it):
+# taken, never built, from the first of $AETHER_E2E_PLUGIN, a krew archive in target/krew/ for this
+# machine, make image's binary target/image/aether-operator-<version>-linux-<arch>,
+# target/<arch>-unknown-linux-musl/release/aether-operator, target/release/aether-operator whose
+# --version is <version>; copied first (a concurrent cargo build may replace the original).
+plugin_dir=$e2e_tmp/plugin plugin_from=''
+find_plugin() {
+  local arch triple c f x candidates=()
+  triple=$(uname -m)-unknown-linux-musl arch=$(uname -m)
+  case $arch in x86_64) arch=amd64 ;; aarch64) arch=arm64 ;; esac
+  [[ -n ${AETHER_E2E_PLUGIN:-} ]] && candidates+=("$AETHER_E2E_PLUGIN")
+  for f in "$root"/target/krew/*linux*"$arch"*.tar.gz; do
+    [[ -f $f ]] || continue
+    x=$e2e_tmp/krew-${f##*/}
+    mkdir -p "$x"
+    tar -C "$x" -xzf "$f" 2>/dev/null || continue
+    candidates+=("$(find "$x" -type f \( -name aether-operator -o -name kubectl-aether \) | head -n 1)")
+  done
+  candidates+=("$root/target/image/aether-operator-$version-linux-$arch" "$root/target/$triple/release/aether-operator" "$root/target/release/aether-operator")
+  mkdir -p "$plugin_dir/try"
+  for c in "${candidates[@]}"; do
+    [[ -n $c && -f $c && -x $c ]] || continue
+    cp "$c" "$plugin_dir/try/kubectl-aether" || continue
+    if [[ $("$plugin_dir/try/kubectl-aether" --version 2>/dev/null) == *" $version" ]]; then
+      mv "$plugin_dir/try/kubectl-aether" "$plugin_dir/kubectl-aether"
+      plugin_from=$c
+      return 0
+    fi
+    say "kubectl aether: $c is not version $version ($("$plugin_dir/try/kubectl-aether" --version 2>&1 | head -n 1)): not used"
+  done
+  return 1
+}
+# aether_status OUT ARGS...: `kubectl aether status` over both regions' contexts, JSON into OUT;
+# prints its exit code (0 healthy, 1 not, 2 could not check).
+aether_status() {
+  local out=$1 rc=0; shift
+  PATH=$plugin_dir:$PATH "$kubectl_bin" aether status --kubeconfig "$kubeconfig" \
+    --context "kind-aether-$o" --context "kind-aether-$p" -o json "$@" >"$out" 2>"$out.err" || rc=$?
+  echo "$rc"
+}
+# What the JSON says, one line a region and a mirror.
+aether_status_lines() {
+  python3 - "$1" <<'PY' 2>&1 || { echo "(not JSON:)"; head -c 600 "$1"; cat "$1.err" 2>/dev/null; }
+import json, sys
+d = json.load(open(sys.argv[1]))
+print("  healthy=%s" % d.get("healthy"))
+for r in d.get("regions", []):
+    print("  region %s: Ready=%s (%s) leader=%s refreshed=%s stale=%s" % (r["region"], r["ready"], r["reason"], r.get("leader"), r.get("refreshed"), r.get("stale")))
+for m in d.get("mirrors", []):
+    e = m.get("etcd")
+    etcd = "" if e is None else " etcd: originKeys=%s peerKeys=%s canarySynced=%s checkpoint=%s problems=%s" % (
+        e.get("originKeys"), e.get("peerKeys"), e.get("canarySynced"), e.get("checkpointRevision"), e.get("problems"))
+    print("  mirror %s -> %s: phase=%s synced=%s reachable=%s keys=%s%s" % (m["origin"], m["peer"], m["phase"], m["synced"], m["reachable"], m["keys"], etcd))
+for u in d.get("unreachable", []):
+    print("  context %s unreadable: %s" % (u["context"], u["error"]))
+for p in d.get("problems", []):
+    print("  problem: %s" % p)
+PY
+}
+# From this host the --etcd check cannot dial a region's local etcd: the RegionPeering names it by
+# its in-cluster Service (registry-etcd.aether-system.svc), which resolves only inside the
+# cluster, and the plugin has no flag to name another endpoint. That one problem is expected; the
+# peers' side (the peers' NodePorts) is checked in full.
+AETHER_STATUS_LOCAL_ONLY="cannot count the origin's keys on the local etcd"
+aether_status_healthy() { # before the region loss: both Ready, nothing stale; --etcd: canary, checkpoint, key counts
+  phase="kubectl aether status (healthy)"
+  local rc out=$e2e_tmp/status-healthy.json t
+  t=$(now_ms)
+  rc=$(aether_status "$out")
+  say "kubectl aether status (from $plugin_from), exit $rc:"; aether_status_lines "$out" >&2
+  ((rc == 0)) || fail "kubectl aether status --context kind-aether-$o --context kind-aether-$p: exit $rc on a healthy federation"
+  rc=$(aether_status "$out" --etcd)
+  record "kubectl aether status --etcd over both contexts (healthy)" "$(secs $(($(now_ms) - t))) s for both calls, exit $rc"
+  say "kubectl aether status --etcd, exit $rc:"; aether_status_lines "$out" >&2
+  python3 - "$out" "$rc" "$AETHER_STATUS_LOCAL_ONLY" "$o=$(count_of "$p" "$(prefix_of "$o")")" "$p=$(count_of "$o" "$(prefix_of "$p")")" <<'PY' \
+    || fail "kubectl aether status --etcd does not show a healthy federation (above)"
+import json, sys
+d = json.load(open(sys.argv[1])); rc = int(sys.argv[2]); local_only = sys.argv[3]
+on_peer = dict(a.split("=") for a in sys.argv[4:])
+bad, expected_problems = [], 0
+regions = {r["region"]: r for r in d.get("regions", [])}
+mirrors = {m["origin"]: m for m in d.get("mirrors", [])}
+for origin, n in on_peer.items():
+    r = regions.get(origin)
+    if not r:
+        bad.append("no region row for %s" % origin); continue
+    if r.get("stale"): bad.append("region %s STALE: %s" % (origin, r["stale"]))
+    if r.get("ready") != "True": bad.append("region %s Ready=%s" % (origin, r.get("ready")))
+    m = mirrors.get(origin)
+    if not m:
+        bad.append("no mirror row from %s" % origin); continue
+    if not (m["synced"] and m["reachable"]): bad.append("mirror from %s: synced=%s reachable=%s" % (origin, m["synced"], m["reachable"]))
+    e = m.get("etcd") or {}
+    if e.get("canarySynced") is not True: bad.append("mirror from %s: canary %s" % (origin, e.get("canarySynced")))
+    if e.get("checkpointRevision") is None: bad.append("mirror from %s: no checkpoint" % origin)
+    if str(e.get("peerKeys")) != n: bad.append("mirror from %s: peerKeys %s, the peer's etcd holds %s" % (origin, e.get("peerKeys"), n))
+    for problem in e.get("problems", []):
+        if problem.startswith(local_only): expected_problems += 1
+        else: bad.append("mirror from %s: %s" % (origin, problem))
+if d.get("unreachable"): bad.append("unreadable contexts: %s" % d["unreachable"])
+if rc != (1 if expected_problems else 0): bad.append("exit %d with %d expected problem(s)" % (rc, expected_problems))
+if bad:
+    sys.exit("; ".join(bad))
+if expected_problems:
+    print("e2e: kubectl aether status --etcd: healthy but for the origins' local etcds, which this host cannot dial (their in-cluster Service names), hence exit 1", file=sys.stderr)
+PY
+  say "ok: kubectl aether status: $o and $p Ready, neither STALE; --etcd: every peer's canary synced, checkpoint present, key counts equal to the peers' etcds"
+}
+# In the background from the moment a's operator is gone: kubectl aether status --etcd every
+# second until it calls o STALE (or 60 s pass); the time into DIR/stale.ms.
+aether_status_watch_stale() { # DIR T_GONE_MS
+  local dir=$1 t0=$2 start=$SECONDS rc
+  while :; do
+    rc=$(aether_status "$dir/status-loss.json" --etcd)
+    echo "$rc" >"$dir/status-loss.rc"
+    if python3 -c 'import json, sys
+d = json.load(open(sys.argv[1]))
+sys.exit(0 if any(r["region"] == sys.argv[2] and r.get("stale") for r in d.get("regions", [])) else 1)' "$dir/status-loss.json" "$o" 2>/dev/null; then
+      echo "$(($(now_ms) - t0))" >"$dir/stale.ms"
+      return 0
+    fi
+    ((SECONDS - start < 60)) || return 1
+    sleep 1
+  done
+}
+aether_status_stale_check() { # after the region loss's polling: what the watcher saw
+  local pid=$1 rc
+  wait "$pid" 2>/dev/null || true
+  rc=$(cat "$e2e_tmp/status-loss.rc" 2>/dev/null || echo none)
+  say "kubectl aether status --etcd during the region loss (exit $rc):"; aether_status_lines "$e2e_tmp/status-loss.json" >&2
+  [[ -s $e2e_tmp/stale.ms ]] || fail "kubectl aether status never called region $o STALE within 60 s of its operator going away"
+  record "region loss: operator gone to kubectl aether status calling $o STALE" "$(secs "$(cat "$e2e_tmp/stale.ms")") s"
+  python3 - "$e2e_tmp/status-loss.json" "$rc" "$o" "$p" <<'PY' || fail "kubectl aether status during the region loss (above)"
+import json, sys
+d = json.load(open(sys.argv[1])); rc, o, p = sys.argv[2], sys.argv[3], sys.argv[4]
+regions = {r["region"]: r for r in d.get("regions", [])}
+bad = []
+if rc != "1": bad.append("exit %s, expected 1 (not healthy)" % rc)
+if d.get("healthy") is not False: bad.append("healthy=%s" % d.get("healthy"))
+if not (regions.get(o) or {}).get("stale"): bad.append("region %s not STALE" % o)
+if (regions.get(p) or {}).get("stale"): bad.append("region %s STALE too: %s" % (p, regions[p]["stale"]))
+if not any(x.startswith("%s (" % o) and ": stale:" in x for x in d.get("problems", [])): bad.append("no problem names %s stale" % o)
+if bad:
+    sys.exit("; ".join(bad))
+PY
+  say "ok: kubectl aether status: region $o STALE ($(python3 -c 'import json, sys; print([r["stale"] for r in json.load(open(sys.argv[1]))["regions"] if r["region"] == sys.argv[2]][0])' "$e2e_tmp/status-loss.json" "$o")), $p not; exit 1"
+}
+if find_plugin; then
+  say "kubectl aether: $plugin_from, as $plugin_dir/kubectl-aether ($("$plugin_dir/kubectl-aether" --version))"
+else
+  plugin_from=''
+  say "kubectl aether: SKIPPED: no plugin binary of version $version in target/ (krew archives, make image's binary, the release builds); this script builds none"
+fi
+
+phase=engine
+bin=$("$kind_dir/engine.sh") || fail "hack/kind/engine.sh"
+PATH=$bin:$PATH
+# --- 4. Data path -----------------------------------------------------------------------------------
+# The peer's copy of ORIGIN's subtree equals the origin's, keys and values (the mirror is verbatim).
+copy_equal() { # ORIGIN PEER
+  local o p
+  o=$(ectl "$1" get --prefix "$(prefix_of "$1")") || return 1
+  p=$(ectl "$2" get --prefix "$(prefix_of "$1")") || return 1
+  [[ $o == "$p" ]]
+}
+count_of() { # REGION PREFIX
+  ectl "$1" get --prefix "$2" --count-only -w fields 2>/dev/null | awk '/"Count"/ {print $3}'
+}
+show_difference() { # ORIGIN PEER
+  local pre; pre=$(prefix_of "$1")
+  echo "e2e: $pre on aether-$1 holds $(count_of "$1" "$pre") keys, aether-$2's copy $(count_of "$2" "$pre"); keys differing (< origin only, > peer only):" >&2
+  diff <(ectl "$1" get --prefix --keys-only "$pre" 2>&1 | sed '/^$/d') <(ectl "$2" get --prefix --keys-only "$pre" 2>&1 | sed '/^$/d') | grep '^[<>]' | head -n 20 >&2 || true
+  echo "e2e: regionpeering $1 shows:" >&2
+  rp_summary "$1" >&2
+}
+wait_copy() { # ORIGIN PEER WHAT: poll until the copy equals the origin; prints the seconds it took
+  local o=$1 p=$2 what=$3 start; start=$(now_ms)
+  until copy_equal "$o" "$p"; do
+    if (($(now_ms) - start > PROPAGATION_TIMEOUT * 1000)); then
+      show_difference "$o" "$p"
+      return 1
+    fi
+    sleep 0.25
+  done
+  say "ok: $what after $(secs $(($(now_ms) - start))) s"
+}
+
+run_id=$(date +%s)
+# --- 5. Leader handoffs in a: graceful, then forced -------------------------------------------------
+o=a p=b
+pre=$(prefix_of "$o")
+holder() { k "$o" -n "$NS" get lease "$LEASE_NAME" -o jsonpath='{.spec.holderIdentity}' 2>/dev/null; }
+lease_line() { k "$o" -n "$NS" get lease "$LEASE_NAME" -o jsonpath='{.spec.holderIdentity}|{.spec.renewTime}|{.spec.leaseDurationSeconds}' 2>/dev/null; }
+# Events of regionpeering/o by reason, repetitions counted (the recorder aggregates them in a series).
+event_count() { # REASON
+  k "$o" -n "$NS" get events --field-selector "involvedObject.kind=RegionPeering,involvedObject.name=$o,reason=$1" -o json \
+    | python3 -c '
+import json, sys
+print(sum(max((e.get("series") or {}).get("count") or 0, e.get("count") or 0, 1) for e in json.load(sys.stdin)["items"]))'
+}
+# What b holds of a: every key, with its mod revision and lease (python: the JSON's keys are base64).
+copy_meta() {
+  ectl "$p" get --prefix "$pre" -w json | python3 -c '
+import base64, json, sys
+d = json.load(sys.stdin)
+for kv in d.get("kvs", []):
+    print(base64.b64decode(kv["key"]).decode(), kv["mod_revision"], kv.get("lease", 0))'
+}
+deploy_arg() { # REGION FLAG: the value of --FLAG=... in the operator container's args ("true" for a bare --FLAG)
+  k "$1" -n "$NS" get deployment "$RELEASE" -o jsonpath='{.spec.template.spec.containers[?(@.name=="operator")].args}' 2>/dev/null \
+    | python3 -c 'import json, sys
+flag = "--" + sys.argv[1]
+for a in json.load(sys.stdin):
+    if a == flag: print("true")
+    elif a.startswith(flag + "="): print(a.split("=", 1)[1])' "$2"
+}
+
+# leader_handoff graceful|forced: the leader Pod of a is deleted (forced: --force --grace-period=0:
+# the Pod object goes at once, a replacement starts while the old container may still run, and
+# the kubelet gives it only its 2 s minimum grace after SIGTERM); b's copy of a's
+# subtree is read about twice a second for at least the lease TTL + keepalive interval + 5 s and
+# must hold every key in every read; the standby takes the Lease and regionpeering a is Ready under
+# it (forced: within AETHER_E2E_FORCED_READY_BOUND s); no new ResyncStarted event, and resyncs
+# unchanged (or 0 under the new leader with a new LeasesAdopted event).
+leader_handoff() {
+  local mode=$1 label delete_flags=()
+  case $mode in
+    graceful) label=handoff delete_flags=(--wait=false) ;;
+    forced) label="forced handoff" delete_flags=(--force --grace-period=0 --wait=false) ;;
+    *) fail "leader_handoff: unknown mode '$mode'" ;;
+  esac
+  phase="leader handoff ($mode)"
+  k "$o" -n "$NS" rollout status "deployment/$RELEASE" --timeout 120s >/dev/null \
+    || fail "deployment/$RELEASE in aether-$o: not all replicas Ready before the $label"
+  # The status names the leader the Lease names (the status may lag a moment behind an election).
+  local start=$SECONDS leader status_leader
+  while :; do
+    leader=$(holder || true); status_leader=$(rp_field "$o" '{.status.leader}' || true)
+    [[ -n $leader && $leader == "$status_leader" ]] && break
+    ((SECONDS - start < 60)) || fail "Lease $LEASE_NAME names '$leader', regionpeering/$o's status.leader '$status_leader': not the same within 60 s"
+    sleep 1
+  done
+  k "$o" -n "$NS" get pod "$leader" >/dev/null 2>&1 || fail "the leader '$leader' (Lease $LEASE_NAME) is not a Pod in $NS"
+  local resyncs_before resync_events_before adopted_events_before expected_keys n_expected meta_before
+  resyncs_before=$(rp_field "$o" "{.status.peers[?(@.region==\"$p\")].replication.resyncs}")
+  resync_events_before=$(event_count ResyncStarted) || fail "reading the events of regionpeering/$o"
+  adopted_events_before=$(event_count LeasesAdopted) || fail "reading the events of regionpeering/$o"
+  [[ -n $resyncs_before ]] || fail "regionpeering/$o shows no status.peers[$p].replication.resyncs"
+  expected_keys=$(ectl "$p" get --prefix --keys-only "$pre" | sed '/^$/d') || fail "reading $pre on aether-$p"
+  n_expected=$(wc -l <<<"$expected_keys")
+  meta_before=$(copy_meta) || fail "reading $pre on aether-$p as JSON"
+  local ttl ka lease_duration
+  ttl=$(rp_field "$o" '{.spec.lease.ttlSeconds}') ka=$(rp_field "$o" '{.spec.lease.keepaliveIntervalSeconds}')
+  lease_duration=$(deploy_arg "$o" leader-lease-duration)
+  say "$label: leader $leader; regionpeering/$o peers[$p].resyncs=$resyncs_before; aether-$p holds $n_expected keys of $o; mirror leases TTL ${ttl}s, keepalive ${ka}s; leader Lease duration ${lease_duration:-?}s"
+
+  # Read b's copy at least for the lease TTL plus a keepalive interval (and 5 s): a lapse would show.
+  local min_watch_ms=$(((ttl + ka + 5) * 1000))
+  local t0 polls=0 errors=0 t_takeover='' t_ready='' new_leader='' elapsed keys h_now h_renew h_dur line last_renew='' last_dur='' emptied=''
+  # The Lease as the leader last renewed it before the delete (a released Lease may never show the
+  # old holder again).
+  if line=$(lease_line) && [[ -n $line ]]; then
+    IFS='|' read -r h_now h_renew h_dur <<<"$line" || true
+    [[ $h_now == "$leader" && -n $h_renew ]] && last_renew=$h_renew last_dur=$h_dur
+  fi
+  t0=$(now_ms)
+  k "$o" -n "$NS" delete pod "$leader" "${delete_flags[@]}" >/dev/null || fail "kubectl delete pod $leader ${delete_flags[*]}"
+  while :; do
+    elapsed=$(($(now_ms) - t0))
+    if keys=$(ectl "$p" get --prefix --keys-only "$pre" 2>&1); then
+      polls=$((polls + 1))
+      keys=$(sed '/^$/d' <<<"$keys")
+      if [[ $keys != "$expected_keys" ]]; then
+        echo "e2e: $(secs "$elapsed") s into the $label, aether-$p's copy of $pre changed (< expected, > seen):" >&2
+        diff <(echo "$expected_keys") <(echo "$keys") | grep '^[<>]' | head -n 20 >&2 || true
+        echo "e2e: Lease holder '$(holder || true)' (old leader $leader); regionpeering/$o shows:" >&2
+        rp_summary "$o" >&2
+        fail "a key of $o went missing (or appeared) in aether-$p during the $label"
+      fi
+    else
+      errors=$((errors + 1))
+      say "$label: reading aether-$p failed ($errors): $(tail -n 1 <<<"$keys")"
+      ((errors <= 5)) || fail "reading aether-$p's etcd failed $errors times during the $label"
+    fi
+    h_now='' h_renew='' h_dur=''
+    if line=$(lease_line) && [[ -n $line ]]; then
+      IFS='|' read -r h_now h_renew h_dur <<<"$line" || true
+      [[ -z $t_takeover && -z $h_now ]] && emptied=1
+    fi
+    # The old holder's last renewal seen: did the standby wait for its Lease to expire, or was it
+    # released (the old leader releases it on SIGTERM)?
+    [[ -z $t_takeover && $h_now == "$leader" && -n $h_renew ]] && last_renew=$h_renew last_dur=$h_dur
+    if [[ -z $t_takeover && -n $h_now && $h_now != "$leader" ]]; then
+      t_takeover=$(now_ms) new_leader=$h_now
+      say "$label: Lease $LEASE_NAME held by $new_leader after $(secs $((t_takeover - t0))) s"
+    fi
+    if [[ -n $new_leader && -z $t_ready ]]; then
+      if [[ $(rp_field "$o" '{.status.leader}') == "$new_leader" && $(ready_status "$o") == True ]]; then
+        t_ready=$(now_ms)
+        say "$label: regionpeering/$o Ready under $new_leader after $(secs $((t_ready - t0))) s"
+      fi
+    fi
+    [[ -n $t_ready ]] && (($(now_ms) - t0 >= min_watch_ms)) && break
+    if (($(now_ms) - t0 > HANDOFF_TIMEOUT * 1000)); then
+      echo "e2e: after $HANDOFF_TIMEOUT s of the $label: Lease holder '$(holder || true)' (old leader $leader), regionpeering/$o shows:" >&2
+      rp_summary "$o" >&2
+      fail "regionpeering/$o not Ready under a new leader within $HANDOFF_TIMEOUT s of the $label"
+    fi
+    sleep 0.3
+  done
+  record "$label: leader Pod deleted to Lease held by the standby" "$(secs $((t_takeover - t0))) s"
+  # Informational: was the Lease released (its holder seen empty) or waited out? The standby
+  # notices either only at its next try, so the takeover time alone does not tell.
+  local expiry_ms how
+  if [[ -n $emptied ]]; then
+    how="released by $leader (holderIdentity seen empty before $new_leader took it)"
+  else
+    how="never seen released by $leader"
+    if [[ -n $last_renew && -n $last_dur ]] && expiry_ms=$(date -d "$last_renew" +%s%3N 2>/dev/null); then
+      expiry_ms=$((expiry_ms + last_dur * 1000))
+      how+="; taken $(secs $((t_takeover - expiry_ms))) s after its last renewal seen ($last_renew) + ${last_dur} s"
+    fi
+  fi
+  say "$label: the leader Lease was $how"
+  record "$label: leader Lease" "$how"
+  record "$label: leader Pod deleted to regionpeering/$o Ready under it" "$(secs $((t_ready - t0))) s"
+  if [[ $mode == forced ]]; then
+    ((t_ready - t0 <= FORCED_READY_BOUND * 1000)) \
+      || fail "regionpeering/$o Ready under $new_leader $(secs $((t_ready - t0))) s after the forced delete of $leader: over the bound of $FORCED_READY_BOUND s"
+    say "ok: $label: regionpeering/$o Ready $(secs $((t_ready - t0))) s after the forced delete (bound $FORCED_READY_BOUND s)"
+  fi
+  say "$label: $polls reads of aether-$p's copy over $(secs $(($(now_ms) - t0))) s (at least the lease TTL + a keepalive interval), $n_expected keys of $o present in every one; $errors failed reads"
+  local resyncs_after resync_events_after adopted_events_after meta_after reput
+  resyncs_after=$(rp_field "$o" "{.status.peers[?(@.region==\"$p\")].replication.resyncs}")
+  resync_events_after=$(event_count ResyncStarted) adopted_events_after=$(event_count LeasesAdopted)
+  ((resync_events_after == resync_events_before)) \
+    || fail "ResyncStarted events of regionpeering/$o: $resync_events_before before the $label, $resync_events_after after: the new leader ran a full sync"
+  if [[ $resyncs_after == "$resyncs_before" ]]; then
+    say "ok: peers[$p].replication.resyncs unchanged across the $label ($resyncs_after); no ResyncStarted event"
+  elif [[ $resyncs_after == 0 ]] && ((adopted_events_after > adopted_events_before)); then
+    # The field counts "full resyncs since the worker started" (the CRD): the new leader's worker
+    # starts at 0. It adopted the leases (LeasesAdopted) and ran no full sync (no ResyncStarted).
+    say "ok: peers[$p].replication.resyncs was $resyncs_before under $leader (its worker's count), 0 under $new_leader, which adopted the leases (LeasesAdopted) and ran no full sync (no ResyncStarted event)"
+  else
+    fail "regionpeering/$o peers[$p].replication.resyncs was $resyncs_before before the $label, $resyncs_after under $new_leader (LeasesAdopted events $adopted_events_before -> $adopted_events_after)"
+  fi
+  record "$label: peers[$p].resyncs before / after; ResyncStarted events before / after" "$resyncs_before / $resyncs_after; $resync_events_before / $resync_events_after"
+  # Informational: did the new leader adopt (keys untouched on b) or re-put?
+  meta_after=$(copy_meta) || fail "reading $pre on aether-$p as JSON"
+  reput=$(comm -13 <(sort <<<"$meta_before") <(sort <<<"$meta_after") | wc -l)
+  say "$label: $reput of $n_expected keys of $o on aether-$p have another mod revision or lease than before (0: the new leader adopted the leases and re-put nothing)"
+  record "$label: keys of $o re-put on $p by the new leader" "$reput of $n_expected"
+  rp_summary "$o" >&2
+}
+
+# --- 6. Metrics over HTTPS, with a ServiceAccount token ---------------------------------------------
+# The chart (metrics.secure, default true) serves /metrics, /healthz and /readyz on one HTTPS port
+# (metrics.port, 8443) with a self-signed certificate; /metrics answers only bearer tokens the API
+# server authenticates (TokenReview) and allows `get` on the non-resource URL /metrics
+# (SubjectAccessReview): the ClusterRole <namespace>-<release>-metrics-reader grants it. From the
+# host through `kubectl port-forward` to the leader Pod (no image is pulled, and the operator's
+# image has no shell): a bound ServiceAccount's token gets 200 and the operator's families; no
+# token, or a token that is not one, 401; an unbound ServiceAccount's token 403.
+SCRAPER_SA=aether-e2e-metrics-scraper
+UNBOUND_SA=aether-e2e-metrics-unbound
+pf_pid=''
+stop_port_forward() {
+  [[ -n $pf_pid ]] || return 0
+  kill "$pf_pid" 2>/dev/null || true
+  wait "$pf_pid" 2>/dev/null || true
+  pf_pid=''
+}
+# scrape_metrics URL TOKEN OUT: writes the body to OUT, prints the HTTP status (000: no answer).
+scrape_metrics() {
+  local auth=()
+  [[ -n $2 ]] && auth=(-H "Authorization: Bearer $2")
+  curl -sk --max-time 10 -o "$3" -w '%{http_code}' "${auth[@]}" "$1" 2>/dev/null || true
+}
+metrics_scrape() {
+  phase="metrics over HTTPS"
+  local leader secure port role scheme pf_log body lp status t start
+  leader=$(holder) || fail "no holder of the Lease $LEASE_NAME in aether-$o"
+  k "$o" -n "$NS" wait --for=condition=Ready "pod/$leader" --timeout 60s >/dev/null || fail "the leader pod $leader is not Ready"
+  secure=$(deploy_arg "$o" metrics-secure)
+  port=$(k "$o" -n "$NS" get deployment "$RELEASE" -o jsonpath='{.spec.template.spec.containers[?(@.name=="operator")].ports[?(@.name=="metrics")].containerPort}')
+  [[ -n $port ]] || fail "deployment/$RELEASE in aether-$o has no container port named metrics"
+  if [[ $secure == true ]]; then
+    scheme=https
+    role=$(k "$o" get clusterroles -l "app.kubernetes.io/instance=$RELEASE" -o name | sed -n 's|^clusterrole.rbac.authorization.k8s.io/\(.*-metrics-reader\)$|\1|p')
+    [[ -n $role ]] || fail "the chart rendered no ClusterRole *-metrics-reader (metrics.secure is on: it should): $(k "$o" get clusterroles -l "app.kubernetes.io/instance=$RELEASE" -o name 2>&1 | tr '\n' ' ')"
+    say "metrics: the chart serves HTTPS with bearer-token authorization on port $port (--metrics-secure); reader ClusterRole $role: $(k "$o" get clusterrole "$role" -o jsonpath='{.rules}')"
+  else
+    scheme=http
+    say "metrics: the chart runs the metrics listener as plain HTTP (no --metrics-secure) on port $port: /metrics is open to anyone reaching the port; testing that"
+  fi
+  k "$o" -n "$NS" create serviceaccount "$SCRAPER_SA" --dry-run=client -o yaml | k "$o" apply -f - >/dev/null || fail "ServiceAccount $SCRAPER_SA"
+  k "$o" -n "$NS" create serviceaccount "$UNBOUND_SA" --dry-run=client -o yaml | k "$o" apply -f - >/dev/null || fail "ServiceAccount $UNBOUND_SA"
+  if [[ $secure == true ]]; then
+    k "$o" create clusterrolebinding "$SCRAPER_SA" --clusterrole "$role" --serviceaccount "$NS:$SCRAPER_SA" --dry-run=client -o yaml \
+      | k "$o" apply -f - >/dev/null || fail "ClusterRoleBinding $SCRAPER_SA -> $role"
+  fi
+  local token unbound_token
+  token=$(k "$o" -n "$NS" create token "$SCRAPER_SA" --duration 10m) || fail "kubectl create token $SCRAPER_SA"
+  unbound_token=$(k "$o" -n "$NS" create token "$UNBOUND_SA" --duration 10m) || fail "kubectl create token $UNBOUND_SA"
+
+  pf_log=$log_dir/aether-kind-e2e-port-forward.log body=$log_dir/aether-kind-e2e-metrics.txt
+  k "$o" -n "$NS" port-forward --address 127.0.0.1 "pod/$leader" ":$port" >"$pf_log" 2>&1 &
+  pf_pid=$!
+  start=$SECONDS lp=''
+  until lp=$(sed -n 's/^Forwarding from 127\.0\.0\.1:\([0-9]*\) .*/\1/p' "$pf_log" | head -n 1) && [[ -n $lp ]]; do
+    kill -0 "$pf_pid" 2>/dev/null || fail "kubectl port-forward to $leader:$port exited: $(cat "$pf_log")"
+    ((SECONDS - start < 30)) || fail "kubectl port-forward to $leader:$port: no local port within 30 s; it said: $(cat "$pf_log")"
+    sleep 0.5
+  done
+  local url=$scheme://127.0.0.1:$lp/metrics
+  say "metrics: kubectl port-forward pod/$leader 127.0.0.1:$lp -> $port; scraping $url"
+
+  # With the bound ServiceAccount's token: 200 (retried for 30 s: the first connection may race
+  # the forward).
+  start=$SECONDS
+  while :; do
+    t=$(now_ms)
+    status=$(scrape_metrics "$url" "$token" "$body")
+    t=$(($(now_ms) - t))
+    [[ $status == 200 ]] && break
+    if ((SECONDS - start >= 30)); then
+      echo "e2e: GET $url with $SCRAPER_SA's token: HTTP $status; body: $(head -c 400 "$body" 2>/dev/null); port-forward said: $(tail -n 5 "$pf_log")" >&2
+      fail "/metrics of $leader with the token of $SCRAPER_SA (bound to ${role:-nothing}): HTTP $status, not 200"
+    fi
+    sleep 1
+  done
+  local families
+  families=$(grep -c '^# TYPE aether_federation_' "$body" || true)
+  say "metrics: with $SCRAPER_SA's token: HTTP 200, $(wc -c <"$body") bytes, $families aether_federation_ families, in $(secs "$t") s; the operator's own series:"
+  grep -E '^aether_federation_(build_info|leader|mirrored_keys|inbound_keys|leases|replication_synced)[{ ]' "$body" | head -n 12 >&2 || true
+  grep -q '^aether_federation_build_info{' "$body" || fail "/metrics of $leader has no aether_federation_build_info series"
+  grep -qx 'aether_federation_leader 1' "$body" || fail "/metrics of $leader: aether_federation_leader is not 1 on the leader ($(grep '^aether_federation_leader ' "$body" || echo absent))"
+  grep -q "^aether_federation_mirrored_keys{origin=\"$o\",target=\"$p\"}" "$body" \
+    || fail "/metrics of $leader has no aether_federation_mirrored_keys{origin=\"$o\",target=\"$p\"} (the mirror $o -> $p)"
+  record "metrics: HTTP 200 scrape of the leader with a ServiceAccount token ($families families)" "$(secs "$t") s"
+
+  # Without a token, with a token that is none, with an unbound ServiceAccount's token.
+  local what expect got
+  for what in none garbage unbound; do
+    case $what in
+      none) status=$(scrape_metrics "$url" "" "$body") expect="401 403" ;;
+      garbage) status=$(scrape_metrics "$url" "not-a-token" "$body") expect="401" ;;
+      unbound) status=$(scrape_metrics "$url" "$unbound_token" "$body") expect="403" ;;
+    esac
+    got=$(head -c 200 "$body" 2>/dev/null | tr '\n' ' ')
+    if [[ $secure != true ]]; then
+      say "metrics: plain HTTP: token '$what' -> HTTP $status (open: nothing to refuse)"
+      continue
+    fi
+    [[ " $expect " == *" $status "* ]] \
+      || fail "/metrics of $leader with token '$what': HTTP $status, expected ${expect// / or }; body: $got"
+    grep -q '^aether_federation_' "$body" && fail "/metrics of $leader with token '$what' answered HTTP $status with metrics in the body"
+    say "ok: metrics: token '$what' -> HTTP $status ($got)"
+    record "metrics: /metrics with token '$what' (expected ${expect// / or })" "HTTP $status"
+  done
+  stop_port_forward
+}
+
+# --- 7. Region loss: a's operator and etcd stop; a's copy lapses on b; b's status ------------------
+# The operator revokes nothing when it stops (controllers/leader.rs, mirror/worker.rs): a's keys
+# on b lapse with their leases, at the latest the lease TTL after the last renewal, which was at most
+# a keepalive interval before the operator went away. Bound, from the moment the operator's pods are
+# gone: TTL + keepalive interval + AETHER_E2E_LAPSE_MARGIN (5 s). b's failure detector calls a
+# unreachable once no round trip to a's etcd succeeded for the acceptable pause
+# (spec.failureDetector, default 2 x keepalive, below the TTL); b's status shows it at its next
+# reconcile (--refresh-seconds): bound, from a's etcd pod gone, pause + refresh + AETHER_E2E_STATUS_MARGIN.
+rp_peer_of() { rp_field "$1" "{.status.peers[?(@.region==\"$2\")].$3}"; }
+rp_inbound_of() { rp_field "$1" "{.status.inbound[?(@.region==\"$2\")].$3}"; }
+rp_cond() { rp_field "$1" "{.status.conditions[?(@.type==\"$2\")].$3}"; }
+b_view_of_a() { # one line: what b's status says about a
+  echo "Ready=$(rp_cond "$p" Ready status)/$(rp_cond "$p" Ready reason)" \
+    "PeersReachable=$(rp_cond "$p" PeersReachable status)/$(rp_cond "$p" PeersReachable reason) '$(rp_cond "$p" PeersReachable message)'" \
+    "peers[$o]: phase=$(rp_peer_of "$p" "$o" phase) reachable=$(rp_peer_of "$p" "$o" reachable) keepaliveFailures=$(rp_peer_of "$p" "$o" keepalive.consecutiveFailures) lastError='$(rp_peer_of "$p" "$o" lastError)'" \
+    "inbound[$o]: keys=$(rp_inbound_of "$p" "$o" keys) synced=$(rp_inbound_of "$p" "$o" synced) leaseTtlRemaining=$(rp_inbound_of "$p" "$o" leaseTtlRemainingSeconds)" \
+    "inboundSummary='$(rp_field "$p" '{.status.inboundSummary}')' refreshed=$(rp_field "$p" '{.status.refreshedTime}')"
+}
+operator_pods() { k "$o" -n "$NS" get pods -l "app.kubernetes.io/name=aether-operator,app.kubernetes.io/instance=$RELEASE" -o name 2>/dev/null; }
+region_loss() {
+  phase="region loss ($o)"
+  local ttl ka pause refresh lapse_bound status_bound n_before fed_before
+  ttl=$(rp_field "$o" '{.spec.lease.ttlSeconds}') ka=$(rp_field "$o" '{.spec.lease.keepaliveIntervalSeconds}')
+  [[ -n $ttl && -n $ka ]] || fail "regionpeering/$o shows no spec.lease.ttlSeconds/keepaliveIntervalSeconds"
+  pause=$(rp_field "$p" '{.spec.failureDetector.acceptablePauseSeconds}' || true)
+  [[ -n $pause ]] || pause=$(((2 * ka < ttl - 1) ? 2 * ka : ttl - 1))
+  # Visible changes are patched at each reconcile, every --refresh-seconds (5 by default);
+  # status.refreshIntervalSeconds (60) is the heartbeat of an unchanged status only.
+  refresh=$(deploy_arg "$p" refresh-seconds || true); refresh=${refresh:-5}
+  lapse_bound=$((ttl + ka + LAPSE_MARGIN))
+  status_bound=$((pause + refresh + STATUS_MARGIN))
+  n_before=$(count_of "$p" "$pre")
+  fed_before=$(count_of "$p" "/aether/v1/federation/$o/")
+  ((n_before > 0)) || fail "aether-$p holds no key under $pre before the region loss"
+  say "region loss: aether-$p holds $n_before keys under $pre (and $fed_before under /aether/v1/federation/$o/); TTL ${ttl}s + keepalive ${ka}s + margin ${LAPSE_MARGIN}s = lapse bound ${lapse_bound}s; b's acceptable pause ${pause}s + refresh ${refresh}s + margin ${STATUS_MARGIN}s = status bound ${status_bound}s"
+  say "region loss: before, regionpeering/$p says of $o: $(b_view_of_a)"
+  [[ -n $plugin_from ]] && aether_status_healthy
+  phase="region loss ($o)"
+  resync_events_before_loss=$(event_count ResyncStarted) || fail "reading the events of regionpeering/$o"
+
+  local t_scale t_gone t_etcd_scale t_etcd_gone='' t_lapsed='' t_unreachable='' t_inbound0='' start n b_view last_print=0 now
+  t_scale=$(now_ms)
+  k "$o" -n "$NS" scale "deployment/$RELEASE" --replicas=0 >/dev/null || fail "kubectl scale deployment/$RELEASE --replicas=0 in aether-$o"
+  start=$SECONDS
+  while [[ -n $(operator_pods) ]]; do
+    ((SECONDS - start < 60)) || fail "the operator's pods in aether-$o still exist 60 s after scaling to 0: $(operator_pods | tr '\n' ' ')"
+    sleep 0.25
+  done
+  t_gone=$(now_ms)
+  record "region loss: operator scaled to 0 until its pods were gone" "$(secs $((t_gone - t_scale))) s"
+  # kubectl aether status, in the background while the loss is polled below (no wait of its own).
+  stale_watch_pid=''
+  if [[ -n $plugin_from ]]; then
+    aether_status_watch_stale "$e2e_tmp" "$t_gone" &
+    stale_watch_pid=$!
+  fi
+  t_etcd_scale=$(now_ms)
+  k "$o" -n "$NS" scale statefulset/registry-etcd --replicas=0 >/dev/null || fail "kubectl scale statefulset/registry-etcd --replicas=0 in aether-$o"
+
+  # Poll b's etcd (a's copy), a's etcd pod, and b's status, until all of it is seen or the bounds pass.
+  local deadline_ms=$((($(( lapse_bound > status_bound ? lapse_bound : status_bound )) + 20) * 1000))
+  while :; do
+    now=$(now_ms)
+    if [[ -z $t_etcd_gone ]] && ! k "$o" -n "$NS" get pod registry-etcd-0 >/dev/null 2>&1; then
+      t_etcd_gone=$now
+      say "region loss: registry-etcd-0 in aether-$o gone $(secs $((now - t_etcd_scale))) s after scaling to 0"
+    fi
+    if [[ -z $t_lapsed ]]; then
+      n=$(count_of "$p" "$pre" || true)
+      if [[ $n == 0 ]]; then
+        t_lapsed=$now
+        say "region loss: $pre gone from aether-$p $(secs $((now - t_gone))) s after the operator's pods were gone"
+      fi
+    fi
+    if [[ -z $t_unreachable && $(rp_cond "$p" PeersReachable status) == False && $(rp_peer_of "$p" "$o" reachable) == false ]]; then
+      t_unreachable=$now
+      say "region loss: regionpeering/$p reports $o unreachable $(secs $((now - ${t_etcd_gone:-$t_etcd_scale}))) s after a's etcd was gone: $(rp_cond "$p" PeersReachable reason): $(rp_cond "$p" PeersReachable message)"
+    fi
+    if [[ -z $t_inbound0 && $(rp_inbound_of "$p" "$o" keys) == 0 ]]; then
+      t_inbound0=$now
+      say "region loss: regionpeering/$p status.inbound[$o].keys = 0 $(secs $((now - t_gone))) s after the operator's pods were gone"
+    fi
+    [[ -n $t_etcd_gone && -n $t_lapsed && -n $t_unreachable && -n $t_inbound0 ]] && break
+    if ((now - last_print >= 5000)); then
+      last_print=$now
+      say "region loss: $(secs $((now - t_gone))) s: $pre on aether-$p: ${n:-0} keys; regionpeering/$p: $(b_view_of_a)"
+    fi
+    ((now - t_gone > deadline_ms)) && break
+    sleep 0.5
+  done
+  b_view=$(b_view_of_a)
+  say "region loss: regionpeering/$p now says of $o: $b_view"
+  if [[ -n $stale_watch_pid ]]; then
+    aether_status_stale_check "$stale_watch_pid"
+    stale_watch_pid=''
+  fi
+  rp_summary "$p" >&2
+  [[ -n $t_etcd_gone ]] || fail "registry-etcd-0 in aether-$o still exists $(secs $(($(now_ms) - t_etcd_scale))) s after scaling the StatefulSet to 0"
+  if [[ -z $t_lapsed ]]; then
+    n=$(count_of "$p" "$pre" || true)
+    echo "e2e: $(secs $(($(now_ms) - t_gone))) s after a's operator was gone, aether-$p still holds $n keys under $pre; some of them, with their leases' remaining TTL:" >&2
+    ectl "$p" get --prefix "$pre" -w json | python3 -c '
+import base64, json, sys
+for kv in json.load(sys.stdin).get("kvs", [])[:5]:
+    print(base64.b64decode(kv["key"]).decode(), "%x" % kv.get("lease", 0))' | while read -r key lease; do
+      echo "  $key lease $lease: $(ectl "$p" lease timetolive "$lease" 2>&1 | head -n 1)" >&2
+    done
+    fail "a's copy on aether-$p did not lapse within $(secs $((deadline_ms))) s of a's operator going away (bound ${lapse_bound} s)"
+  fi
+  record "region loss: operator gone to $pre gone from $p (bound ${lapse_bound} s)" "$(secs $((t_lapsed - t_gone))) s"
+  ((t_lapsed - t_gone <= lapse_bound * 1000)) \
+    || fail "a's copy on aether-$p lapsed $(secs $((t_lapsed - t_gone))) s after a's operator was gone: over TTL ${ttl} + keepalive ${ka} + ${LAPSE_MARGIN} = ${lapse_bound} s"
+  say "ok: region loss: a's copy lapsed on aether-$p $(secs $((t_lapsed - t_gone))) s after the operator was gone (bound ${lapse_bound} s); $(count_of "$p" "/aether/v1/federation/$o/") keys remain under /aether/v1/federation/$o/ (were $fed_before)"
+  if [[ -z $t_unreachable ]]; then
+    fail "regionpeering/$p does not report $o unreachable (PeersReachable False, peers[$o].reachable false) within $(secs $((deadline_ms))) s of a's operator going away; it says: $b_view"
+  fi
+  record "region loss: a's etcd gone to regionpeering/$p reporting $o unreachable (bound ${status_bound} s)" "$(secs $((t_unreachable - t_etcd_gone))) s"
+  ((t_unreachable - t_etcd_gone <= status_bound * 1000)) \
+    || fail "regionpeering/$p reported $o unreachable $(secs $((t_unreachable - t_etcd_gone))) s after a's etcd was gone: over the pause ${pause} + refresh ${refresh} + ${STATUS_MARGIN} = ${status_bound} s"
+  if [[ -z $t_inbound0 ]]; then
+    fail "regionpeering/$p status.inbound[$o].keys is not 0 although a's copy is gone from aether-$p; it says: $b_view"
+  fi
+  record "region loss: operator gone to regionpeering/$p inbound[$o].keys = 0" "$(secs $((t_inbound0 - t_gone))) s"
+  ((t_inbound0 - t_lapsed <= (refresh + STATUS_MARGIN) * 1000)) \
+    || fail "regionpeering/$p's inbound[$o].keys reached 0 $(secs $((t_inbound0 - t_lapsed))) s after the copy was gone from aether-$p: more than a refresh (${refresh} s) + ${STATUS_MARGIN} s late"
+  say "ok: region loss: regionpeering/$p reports $o unreachable and holding 0 keys here; Ready=$(rp_cond "$p" Ready status) ($(rp_cond "$p" Ready reason))"
+  say "region loss: regionpeering/$o (nobody writes it now) still says: Ready=$(ready_status "$o") leader=$(rp_field "$o" '{.status.leader}') refreshed=$(rp_field "$o" '{.status.refreshedTime}')"
+}
+
+# Recovery: a's etcd back (its data and users survive on the node), the operator back at one
+# replica; a's keys reappear on b (keys and values), regionpeering a Ready under the new leader, b
+# reaches a again and its copy in a equals b's.
+region_recovery() {
+  phase="region recovery ($o)"
+  local t_etcd t_etcd_ok t_op start now t_a_ready='' t_a_copy='' t_b_ready='' t_b_copy='' leader last_print=0
+  t_etcd=$(now_ms)
+  k "$o" -n "$NS" scale statefulset/registry-etcd --replicas=1 >/dev/null || fail "kubectl scale statefulset/registry-etcd --replicas=1 in aether-$o"
+  start=$SECONDS
+  until [[ $(k "$o" -n "$NS" get pod registry-etcd-0 -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null) == True ]] \
+      && ectl "$o" endpoint health >/dev/null 2>&1; do
+    if ((SECONDS - start >= 120)); then
+      k "$o" -n "$NS" get pod registry-etcd-0 -o wide >&2 2>&1 || true
+      fail "registry-etcd-0 in aether-$o not Ready and answering within 120 s of scaling to 1; last health: $(ectl "$o" endpoint health 2>&1 | tail -n 1)"
+    fi
+    sleep 0.5
+  done
+  t_etcd_ok=$(now_ms)
+  record "recovery: a's etcd scaled to 1 to Ready and answering" "$(secs $((t_etcd_ok - t_etcd))) s"
+  local n_a; n_a=$(count_of "$o" "/aether/v1/regions/$o/clusters/kind-$o/")
+  [[ $n_a == $((N_KEYS - N_DELETE)) ]] || fail "a's etcd holds $n_a of its $((N_KEYS - N_DELETE)) test keys after the restart (the data should survive on the node)"
+  say "recovery: a's etcd holds its $n_a test keys again, and $(count_of "$o" "$(prefix_of "$p")") keys of $p's copy (etcd's leases do not run down while it is stopped)"
+  t_op=$(now_ms)
+  k "$o" -n "$NS" scale "deployment/$RELEASE" --replicas=1 >/dev/null || fail "kubectl scale deployment/$RELEASE --replicas=1 in aether-$o"
+  while :; do
+    now=$(now_ms)
+    if [[ -z $t_a_copy ]] && copy_equal "$o" "$p"; then
+      t_a_copy=$now; say "recovery: $o's keys back on aether-$p, verbatim, $(secs $((now - t_op))) s after scaling the operator to 1"
+    fi
+    if [[ -z $t_a_ready ]]; then
+      leader=$(holder || true)
+      if [[ -n $leader ]] && k "$o" -n "$NS" get pod "$leader" >/dev/null 2>&1 \
+          && [[ $(rp_field "$o" '{.status.leader}') == "$leader" && $(ready_status "$o") == True ]]; then
+        t_a_ready=$now; say "recovery: regionpeering/$o Ready under $leader $(secs $((now - t_op))) s after scaling the operator to 1"
+      fi
+    fi
+    if [[ -z $t_b_ready && $(ready_status "$p") == True && $(rp_cond "$p" PeersReachable status) == True ]]; then
+      t_b_ready=$now; say "recovery: regionpeering/$p Ready, $o reachable, $(secs $((now - t_etcd_ok))) s after a's etcd answered"
+    fi
+    if [[ -z $t_b_copy ]] && copy_equal "$p" "$o"; then
+      t_b_copy=$now; say "recovery: $p's copy in aether-$o equals $p's $(secs $((now - t_etcd_ok))) s after a's etcd answered"
+    fi
+    [[ -n $t_a_copy && -n $t_a_ready && -n $t_b_ready && -n $t_b_copy ]] && break
+    if ((now - last_print >= 10000)); then
+      last_print=$now
+      say "recovery: $(secs $((now - t_op))) s: regionpeering/$o: Ready=$(ready_status "$o") leader=$(rp_field "$o" '{.status.leader}') (Lease: $(holder || true)); $pre on aether-$p: $(count_of "$p" "$pre") keys; regionpeering/$p: $(b_view_of_a)"
+    fi
+    if ((now - t_op > RECOVERY_TIMEOUT * 1000)); then
+      echo "e2e: $RECOVERY_TIMEOUT s after scaling a's operator to 1: a's copy on b $([[ -n $t_a_copy ]] && echo equal || echo differs), regionpeering/$o Ready under a live leader: ${t_a_ready:+yes}, regionpeering/$p Ready: ${t_b_ready:+yes}, b's copy in a $([[ -n $t_b_copy ]] && echo equal || echo differs)" >&2
+      [[ -n $t_a_copy ]] || show_difference "$o" "$p"
+      [[ -n $t_b_copy ]] || show_difference "$p" "$o"
+      rp_summary "$o" >&2; rp_summary "$p" >&2
+      fail "region $o not recovered within $RECOVERY_TIMEOUT s of scaling its operator to 1"
+    fi
+    sleep 0.5
+  done
+  record "recovery: operator scaled to 1 to $o's keys back on $p" "$(secs $((t_a_copy - t_op))) s"
+  record "recovery: operator scaled to 1 to regionpeering/$o Ready" "$(secs $((t_a_ready - t_op))) s"
+  record "recovery: a's etcd answering to regionpeering/$p Ready ($o reachable)" "$(secs $((t_b_ready - t_etcd_ok))) s"
+  record "recovery: a's etcd answering to $p's copy in $o equal" "$(secs $((t_b_copy - t_etcd_ok))) s"
+  local resync_events_after; resync_events_after=$(event_count ResyncStarted) || true
+  say "recovery: ResyncStarted events of regionpeering/$o: $resync_events_before_loss before the loss, $resync_events_after now (the lapsed leases call for a full sync)"
+  rp_summary "$o" >&2; rp_summary "$p" >&2
+}
+[[ ${DEV_LOSS:-1} == 1 ]] && { region_loss; region_recovery; }
+
+# --- 8. Upgrade of region a under load, then rollback ------------------------------------------------
+# The "new version" is the same operator binary re-tagged: make image's OCI archive with a label
+# (dev.aether.e2e.retagged-from=<version>) added to each platform's image config and the tag
+# <version>-e2e-upgrade, written offline here (configs, manifests and the index re-hashed, the
+# layers untouched) and loaded into aether-a with load-operator.sh. What is tested is the roll's
+# mechanics: `helm upgrade --reuse-values` to the new tag (no --wait; `kubectl rollout status`
+# waits), the Deployment's rolling update (a Pod surges, an old one goes, the leader among them:
+# one or two leader handoffs), and then `helm rollback` to the revision before, the same way.
+# During each roll a background writer puts AETHER_E2E_LOAD_RATE (100) endpoint keys a second into
+# a's registry etcd (etcdctl txn of AETHER_E2E_LOAD_BATCH (10) puts, every one a new revision of an
+# endpoint key under a's prefix: the first pass over AETHER_E2E_LOAD_POOL (200) keys creates them,
+# later passes update them), and b's copy is read about three times a second: every key a held
+# before the roll must be there in every read, until the lease TTL + keepalive interval + 5 s
+# after the last old Pod was gone (a lapse would show). Then: the rollout complete, every Pod on
+# the wanted image, regionpeering a Ready under a leader on it, no new ResyncStarted event and
+# peers[b].resyncs unchanged (or 0 under a new leader that adopted the leases), no put of the
+# writer failed, and, the writer stopped, b's copy equal to a's (keys and values).
+LOAD_PREFIX="/aether/v1/regions/$o/clusters/kind-$o/services/load/protocols/http/endpoints/"
+make_retagged_archive() { # OUT TAG: make image's archive, re-tagged TAG (see above); prints the new index digest
+  local out=$1 tag=$2 dir=$e2e_tmp/retag
+  rm -rf "$dir" && mkdir -p "$dir"
+  tar -C "$dir" -xf "$archive" || return 1
+  python3 - "$dir" "$tag" "$version" <<'PY' || return 1
+import hashlib, json, os, sys
+layout, tag, version = sys.argv[1:4]
+def path(digest):
+    return os.path.join(layout, "blobs", *digest.split(":", 1))
+def load(digest):
+    with open(path(digest), "rb") as f:
+        return json.load(f)
+def store(obj):
+    raw = json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+    digest = "sha256:" + hashlib.sha256(raw).hexdigest()
+    with open(path(digest), "wb") as f:
+        f.write(raw)
+    return digest, len(raw)
+with open(os.path.join(layout, "index.json")) as f:
+    top = json.load(f)
+desc = top["manifests"][0]
+if len(top["manifests"]) != 1 or desc["mediaType"] != "application/vnd.oci.image.index.v1+json":
+    sys.exit("index.json should hold one image index descriptor")
+replaced = {desc["digest"]}
+index = load(desc["digest"])
+labels = {"dev.aether.e2e.retagged-from": version, "org.opencontainers.image.version": tag}
+for m in index["manifests"]:
+    manifest = load(m["digest"])
+    replaced |= {m["digest"], manifest["config"]["digest"]}
+    config = load(manifest["config"]["digest"])
+    config.setdefault("config", {}).setdefault("Labels", {}).update(labels)
+    manifest["config"]["digest"], manifest["config"]["size"] = store(config)
+    manifest.setdefault("annotations", {})["org.opencontainers.image.version"] = tag
+    m["digest"], m["size"] = store(manifest)
+index.setdefault("annotations", {})["org.opencontainers.image.version"] = tag
+desc["digest"], desc["size"] = store(index)
+desc.setdefault("annotations", {})["org.opencontainers.image.ref.name"] = tag
+with open(os.path.join(layout, "index.json"), "w") as f:
+    json.dump(top, f, sort_keys=True)
+for digest in replaced:
+    os.remove(path(digest))
+print(desc["digest"])
+PY
+  tar -C "$dir" --owner=0 --group=0 --numeric-owner -cf "$out" oci-layout index.json blobs || return 1
+  rm -rf "$dir"
+}
+write_load_writer() { # the writer (python: one etcdctl txn per batch, paced to the rate)
+  cat >"$e2e_tmp/writer.py" <<'PY'
+import json, os, subprocess, sys, time
+etcdctl = json.loads(sys.argv[1])
+prefix, rate, batch, pool, run, stop_file, report_file = sys.argv[2:9]
+rate, batch, pool = float(rate), int(batch), int(pool)
+txns = puts = errors = 0
+max_ms, last_error, i = 0.0, "", 0
+start = time.monotonic()
+while not os.path.exists(stop_file):
+    due = start + i / rate
+    now = time.monotonic()
+    if due > now:
+        time.sleep(due - now)
+    ops = [""]  # no compares; the puts; no failure ops
+    for j in range(i, i + batch):
+        n = j % pool
+        value = json.dumps({"clusterName": "kind-load", "port": 8080, "run": run, "seq": j, "pass": j // pool},
+                           separators=(",", ":"))
+        ops.append('put %s10.7.%d.%d "%s"' % (prefix, n // 250, n % 250 + 1, value.replace('"', '\\"')))
+    t = time.monotonic()
+    r = subprocess.run(etcdctl + ["txn"], input="\n".join(ops) + "\n\n\n", capture_output=True, text=True)
+    max_ms = max(max_ms, (time.monotonic() - t) * 1000)
+    txns += 1
+    if r.returncode == 0 and r.stdout.startswith("SUCCESS"):
+        puts += batch
+    else:
+        errors += 1
+        last_error = (r.stderr or r.stdout).strip()[-300:]
+    i += batch
+elapsed = time.monotonic() - start
+with open(report_file, "w") as f:
+    json.dump({"puts": puts, "txns": txns, "failed_txns": errors, "seconds": round(elapsed, 1),
+               "rate": round(puts / elapsed, 1) if elapsed else 0, "max_txn_ms": round(max_ms, 1),
+               "last_error": last_error}, f)
+PY
+}
+writer_pid=''
+start_writer() { # LABEL: the writer into o's etcd, in the background
+  local d=$fed_dir/region-$o args
+  rm -f "$e2e_tmp/writer.stop" "$e2e_tmp/writer.json"
+  args=$(python3 -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "$etcdctl_bin" \
+    --endpoints "https://$(cat "$d/node-ip"):$NODEPORT" --cacert "$d/ca.crt" --cert "$d/client-root.crt" \
+    --key "$d/client-root.key" --dial-timeout 5s --command-timeout 5s)
+  python3 "$e2e_tmp/writer.py" "$args" "$LOAD_PREFIX" "$LOAD_RATE" "$LOAD_BATCH" "$LOAD_POOL" "$1-$run_id" \
+    "$e2e_tmp/writer.stop" "$e2e_tmp/writer.json" 2>"$e2e_tmp/writer.err" &
+  writer_pid=$!
+  say "$1: writer started (pid $writer_pid): $LOAD_RATE endpoint keys/s into aether-$o under $LOAD_PREFIX, $LOAD_BATCH puts per txn, over $LOAD_POOL keys"
+}
+stop_writer() { # LABEL: stops the writer, checks its tally; prints "puts rate"
+  local start=$SECONDS
+  [[ -n $writer_pid ]] || return 0
+  touch "$e2e_tmp/writer.stop"
+  while kill -0 "$writer_pid" 2>/dev/null; do
+    ((SECONDS - start < 30)) || { kill "$writer_pid" 2>/dev/null || true; fail "$1: the writer did not stop within 30 s"; }
+    sleep 0.2
+  done
+  wait "$writer_pid" 2>/dev/null || true
+  writer_pid=''
+  [[ -s $e2e_tmp/writer.json ]] || fail "$1: the writer wrote no tally ($(tail -n 5 "$e2e_tmp/writer.err" 2>/dev/null))"
+  say "$1: writer stopped: $(cat "$e2e_tmp/writer.json")"
+  python3 - "$e2e_tmp/writer.json" "$LOAD_RATE" <<'PY' || fail "$1: the writer's puts into aether-$o failed (tally above)"
+import json, sys
+w = json.load(open(sys.argv[1]))
+if w["failed_txns"]:
+    sys.exit("%d txns failed, the last: %s" % (w["failed_txns"], w["last_error"]))
+if w["rate"] < 0.8 * float(sys.argv[2]):
+    print("e2e: note: the writer reached %s puts/s of the %s asked (this machine is busy)" % (w["rate"], sys.argv[2]), file=sys.stderr)
+PY
+}
+operator_pod_lines() { # REGION: "name image restarts deleting" per operator Pod
+  k "$1" -n "$NS" get pods -l "app.kubernetes.io/name=aether-operator,app.kubernetes.io/instance=$RELEASE" \
+    -o jsonpath='{range .items[*]}{.metadata.name} {.spec.containers[0].image} {.status.containerStatuses[0].restartCount} {.metadata.deletionTimestamp}{"\n"}{end}' 2>/dev/null
+}
+keyset() { ectl "$1" get --prefix --keys-only "$2" | sed '/^$/d' | sort; }
+
+# roll_under_load LABEL WANT_IMAGE HELM_ARGS...: the roll (helm HELM_ARGS, then kubectl rollout
+# status) in the background while b's copy is read; the checks above.
+roll_under_load() {
+  local label=$1 want=$2; shift 2
+  phase="$label under load"
+  local rev_before resyncs_before resync_events_before adopted_events_before expected n_expected old_pods
+  start_writer "$label"
+  # Settle: the writer's keys all on b (the pool's first pass creates keys: the operator may lay
+  # out its leases anew, a full sync; that happens before the baseline).
+  local start=$SECONDS last_events='' stable_since=$SECONDS ev
+  until [[ $(keyset "$o" "$pre") == "$(keyset "$p" "$pre")" && $(ready_status "$o") == True ]] && ((SECONDS - stable_since >= 10)); do
+    ev=$(event_count ResyncStarted || true)
+    [[ $ev != "$last_events" ]] && { last_events=$ev stable_since=$SECONDS; }
+    kill -0 "$writer_pid" 2>/dev/null || fail "$label: the writer exited: $(tail -n 5 "$e2e_tmp/writer.err")"
+    if ((SECONDS - start > PROPAGATION_TIMEOUT)); then
+      show_difference "$o" "$p"
+      fail "$label: with the writer running, b's key set of $o not equal to a's (and regionpeering/$o Ready, no new ResyncStarted for 10 s) within $PROPAGATION_TIMEOUT s"
+    fi
+    sleep 1
+  done
+  say "$label: settled after $((SECONDS - start)) s under load: aether-$p holds the $(count_of "$p" "$pre") keys of $o that aether-$o holds"
+  rev_before=$(h "$o" -n "$NS" status "$RELEASE" -o json | python3 -c 'import json, sys; print(json.load(sys.stdin)["version"])') \
+    || fail "helm status $RELEASE in aether-$o"
+  resyncs_before=$(rp_field "$o" "{.status.peers[?(@.region==\"$p\")].replication.resyncs}")
+  resync_events_before=$(event_count ResyncStarted) || fail "reading the events of regionpeering/$o"
+  adopted_events_before=$(event_count LeasesAdopted) || fail "reading the events of regionpeering/$o"
+  expected=$(keyset "$o" "$pre") || fail "reading $pre on aether-$o"
+  n_expected=$(wc -l <<<"$expected")
+  old_pods=$(operator_pod_lines "$o" | awk '{print $1}')
+  local ttl ka min_watch_ms
+  ttl=$(rp_field "$o" '{.spec.lease.ttlSeconds}') ka=$(rp_field "$o" '{.spec.lease.keepaliveIntervalSeconds}')
+  min_watch_ms=$(((ttl + ka + 5) * 1000))
+  say "$label: helm revision $rev_before; pods $(tr '\n' ' ' <<<"$old_pods"); leader $(holder || true); peers[$p].resyncs=$resyncs_before, ResyncStarted events $resync_events_before, LeasesAdopted $adopted_events_before; $n_expected keys of $o, all on aether-$p; now: helm $*"
+
+  local log=$log_dir/aether-kind-e2e-${label// /-}.log t0
+  rm -f "$e2e_tmp/roll.helm" "$e2e_tmp/roll.rollout"
+  t0=$(now_ms)
+  ( set +e
+    h "$o" -n "$NS" "$@" >"$log" 2>&1; rc=$?
+    echo "$rc $(now_ms)" >"$e2e_tmp/roll.helm"
+    ((rc == 0)) || exit 0
+    k "$o" -n "$NS" rollout status "deployment/$RELEASE" --timeout "${UPGRADE_TIMEOUT}s" >>"$log" 2>&1; rc=$?
+    echo "$rc $(now_ms)" >"$e2e_tmp/roll.rollout" ) &
+  local roll_pid=$! polls=0 errors=0 keys missing now rc at t_helm='' t_rolled='' t_old_gone='' t_ready='' leader lines
+  local -A leaders=()
+  while :; do
+    now=$(now_ms)
+    if keys=$(ectl "$p" get --prefix --keys-only "$pre" 2>&1); then
+      polls=$((polls + 1))
+      missing=$(comm -23 <(echo "$expected") <(sed '/^$/d' <<<"$keys" | sort))
+      if [[ -n $missing ]]; then
+        echo "e2e: $(secs $((now - t0))) s into the $label, $(wc -l <<<"$missing") keys of $o that aether-$o held before it are missing on aether-$p, e.g.:" >&2
+        head -n 10 <<<"$missing" >&2
+        echo "e2e: pods: $(operator_pod_lines "$o" | tr '\n' ';') Lease holder '$(holder || true)'; regionpeering/$o shows:" >&2
+        rp_summary "$o" >&2
+        fail "a key of $o went missing in aether-$p during the $label"
+      fi
+    else
+      errors=$((errors + 1))
+      say "$label: reading aether-$p failed ($errors): $(tail -n 1 <<<"$keys")"
+      ((errors <= 5)) || fail "reading aether-$p's etcd failed $errors times during the $label"
+    fi
+    kill -0 "$writer_pid" 2>/dev/null || fail "$label: the writer exited: $(tail -n 5 "$e2e_tmp/writer.err")"
+    leader=$(holder || true)
+    [[ -n $leader && -z ${leaders[$leader]:-} ]] && { leaders[$leader]=$now; say "$label: Lease $LEASE_NAME held by $leader at $(secs $((now - t0))) s"; }
+    if [[ -z $t_helm && -s $e2e_tmp/roll.helm ]]; then
+      read -r rc at <"$e2e_tmp/roll.helm"
+      ((rc == 0)) || { cat "$log" >&2; fail "helm ${1:-} of $RELEASE in aether-$o failed (exit $rc)"; }
+      t_helm=$at; say "$label: helm $1 returned after $(secs $((at - t0))) s"
+    fi
+    if [[ -z $t_rolled && -s $e2e_tmp/roll.rollout ]]; then
+      read -r rc at <"$e2e_tmp/roll.rollout"
+      ((rc == 0)) || { cat "$log" >&2; fail "kubectl rollout status deployment/$RELEASE in aether-$o failed (exit $rc) after the helm $1"; }
+      t_rolled=$at; say "$label: rollout complete after $(secs $((at - t0))) s"
+    fi
+    lines=$(operator_pod_lines "$o")
+    if [[ -n $t_helm && -z $t_old_gone ]] && ! grep -qxFf <(echo "$old_pods") <(awk '{print $1}' <<<"$lines"); then
+      t_old_gone=$now; say "$label: the old Pods gone after $(secs $((now - t0))) s; now: $(tr '\n' ';' <<<"$lines")"
+    fi
+    if [[ -z $t_ready && -n $leader ]] && grep -q "^$leader $want " <<<"$lines" \
+        && [[ $(rp_field "$o" '{.status.leader}') == "$leader" && $(ready_status "$o") == True ]]; then
+      t_ready=$now; say "$label: regionpeering/$o Ready under $leader ($want) after $(secs $((now - t0))) s"
+    fi
+    [[ -n $t_rolled && -n $t_ready && -n $t_old_gone ]] && ((now - t_old_gone >= min_watch_ms)) && break
+    if ((now - t0 > UPGRADE_TIMEOUT * 1000)); then
+      echo "e2e: $UPGRADE_TIMEOUT s into the $label: helm ${t_helm:+returned}${t_helm:-running}, rollout ${t_rolled:+complete}${t_rolled:-not complete}, old Pods ${t_old_gone:+gone}${t_old_gone:-not all gone}, Ready under a leader on $want: ${t_ready:+yes}${t_ready:-no}; pods: $(tr '\n' ';' <<<"$lines"); Lease holder '$leader'" >&2
+      tail -n 20 "$log" >&2
+      rp_summary "$o" >&2
+      fail "the $label of aether-$o not done within $UPGRADE_TIMEOUT s"
+    fi
+    sleep 0.3
+  done
+  wait "$roll_pid" 2>/dev/null || true
+  record "$label: helm $1 to kubectl rollout status complete" "$(secs $((t_rolled - t0))) s"
+  record "$label: helm $1 to regionpeering/$o Ready under a leader on the new Pods" "$(secs $((t_ready - t0))) s"
+  record "$label: leaders during the roll" "${#leaders[@]} ($(tr ' ' ',' <<<"${!leaders[*]}"))"
+  say "$label: $polls reads of aether-$p's copy over $(secs $(($(now_ms) - t0))) s, the $n_expected keys of $o held before the roll present in every one; $errors failed reads"
+  record "$label: keys of $o missing on $p in $polls reads (writer running)" "0 of $n_expected"
+
+  # The Pods: all on the wanted image, none restarted.
+  lines=$(operator_pod_lines "$o")
+  awk -v want="$want" '$2 != want || $3 != 0 || $4 != "" {bad = 1} END {exit bad}' <<<"$lines" \
+    || fail "after the $label, the operator's Pods in aether-$o are not all running $want unrestarted: $(tr '\n' ';' <<<"$lines")"
+  say "ok: $label: every operator Pod runs $want ($(k "$o" -n "$NS" get pods -l "app.kubernetes.io/name=aether-operator,app.kubernetes.io/instance=$RELEASE" -o jsonpath='{.items[0].status.containerStatuses[0].imageID}'))"
+  # No full sync.
+  local resyncs_after resync_events_after adopted_events_after
+  resyncs_after=$(rp_field "$o" "{.status.peers[?(@.region==\"$p\")].replication.resyncs}")
+  resync_events_after=$(event_count ResyncStarted) adopted_events_after=$(event_count LeasesAdopted)
+  ((resync_events_after == resync_events_before)) \
+    || fail "ResyncStarted events of regionpeering/$o: $resync_events_before before the $label, $resync_events_after after: a full sync ran"
+  if [[ $resyncs_after == "$resyncs_before" ]]; then
+    say "ok: $label: peers[$p].replication.resyncs unchanged ($resyncs_after); no ResyncStarted event"
+  elif [[ $resyncs_after == 0 ]] && ((adopted_events_after > adopted_events_before)); then
+    say "ok: $label: peers[$p].replication.resyncs was $resyncs_before under the old leader, 0 under the new one, which adopted the leases (LeasesAdopted $adopted_events_before -> $adopted_events_after) and ran no full sync"
+  else
+    fail "regionpeering/$o peers[$p].replication.resyncs was $resyncs_before before the $label, $resyncs_after after (LeasesAdopted events $adopted_events_before -> $adopted_events_after)"
+  fi
+  record "$label: peers[$p].resyncs before / after; ResyncStarted events before / after" "$resyncs_before / $resyncs_after; $resync_events_before / $resync_events_after"
+  # The writer stopped, b's copy equals a's.
+  stop_writer "$label"
+  record "$label: writer into aether-$o (puts, puts/s, failed txns)" "$(python3 -c 'import json, sys; w = json.load(open(sys.argv[1])); print("%d, %s/s, %d" % (w["puts"], w["rate"], w["failed_txns"]))' "$e2e_tmp/writer.json")"
+  t0=$(now_ms)
+  wait_copy "$o" "$p" "$label: b's copy of $o equal to a's after the writer stopped" \
+    || fail "$label: b's copy of $o not equal to a's within $PROPAGATION_TIMEOUT s of the writer stopping"
+  record "$label: writer stopped to b's copy equal" "$(secs $(($(now_ms) - t0))) s"
+  rp_summary "$o" >&2
+}
+
+upgrade_and_rollback() {
+  phase="upgrade: the re-tagged archive"
+  local tag=$version-e2e-upgrade out=$e2e_tmp/aether-operator-$version-e2e-upgrade.oci.tar index_digest t flags_line new_flags=()
+  index_digest=$(make_retagged_archive "$out" "$tag") || fail "re-tagging $archive as $tag"
+  say "upgrade: $out: the image of $archive re-tagged $tag (index $index_digest; the binary unchanged)"
+  t=$(now_ms)
+  out=$(AETHER_OPERATOR_ARCHIVE=$out heavy "$kind_dir/load-operator.sh" "$o") || fail "load-operator.sh $o with the re-tagged archive"
+  flags_line=$(grep -- '--set image.repository=' <<<"$out" | tail -n 1)
+  [[ $flags_line == *"--set image.tag=$tag "* ]] || fail "load-operator.sh printed no flags for $tag: $out"
+  read -ra new_flags <<<"$flags_line"
+  record "upgrade: load-operator.sh (the re-tagged image into aether-$o)" "$(secs $(($(now_ms) - t))) s"
+  local repo old_image new_image replicas rev
+  repo=$(sed -n 's/.*--set image.repository=\([^ ]*\).*/\1/p' <<<"$flags_line")
+  old_image=$(k "$o" -n "$NS" get deployment "$RELEASE" -o jsonpath='{.spec.template.spec.containers[?(@.name=="operator")].image}')
+  new_image=$repo:$tag
+  # The region loss left a at one replica (kubectl scale): back to the chart's count first.
+  replicas=$(h "$o" -n "$NS" get values "$RELEASE" --all -o json | python3 -c 'import json, sys; print(json.load(sys.stdin)["replicaCount"])')
+  k "$o" -n "$NS" scale "deployment/$RELEASE" --replicas="$replicas" >/dev/null || fail "kubectl scale deployment/$RELEASE --replicas=$replicas"
+  k "$o" -n "$NS" rollout status "deployment/$RELEASE" --timeout 120s >/dev/null || fail "deployment/$RELEASE in aether-$o: $replicas replicas not Ready within 120 s"
+  write_load_writer
+  rev=$(h "$o" -n "$NS" status "$RELEASE" -o json | python3 -c 'import json, sys; print(json.load(sys.stdin)["version"])') || fail "helm status"
+  roll_under_load upgrade "$new_image" upgrade "$RELEASE" "$chart_tgz" --reuse-values "${new_flags[@]}"
+  roll_under_load rollback "$old_image" rollback "$RELEASE" "$rev"
+  say "ok: upgrade to $new_image and rollback to revision $rev ($old_image) under load"
+}
+
+# --- 9. A peer Secret rotated without a restart ------------------------------------------------------
+# The operator reads each connection's Secret at every reconcile (controllers/region_peering.rs:
+# read -> resolve -> resolve_connection, every --refresh-seconds) and builds a fingerprint of the
+# endpoints and the Secret's ca.crt, tls.crt, tls.key, username and password
+# (controllers/etcd_access.rs: access); a changed fingerprint restarts that peer's mirror worker
+# (plan::decide: WorkerChange::Restart; act: stop_worker, start_worker, which log "mirror worker
+# stopped" / "mirror worker started"), over a new connection with the new material. Here: a new
+# client certificate for mirror-a from b's CA (CN=mirror-a, as federation.sh makes them), written
+# into a's Secret registry-etcd-peer-b (kubectl patch; username and password kept). Then: the
+# leader logs the worker's restart for peer b within --refresh-seconds + AETHER_E2E_STATUS_MARGIN s,
+# no operator Pod restarted or replaced (names and restartCount), the same leader, the new worker
+# adopted the leases (LeasesAdopted) with no ResyncStarted, and a key put into a afterwards is on b.
+worker_log_count() { # POD MESSAGE: how often POD logged MESSAGE for peer p
+  k "$o" -n "$NS" logs "$1" 2>/dev/null | grep -F "\"message\":\"$2\"" | grep -cF "\"peer\":\"$p\"" || true
+}
+rotate_peer_secret() {
+  phase="secret rotation ($o -> $p)"
+  local secret=registry-etcd-peer-$p d=$fed_dir/region-$p name=client-mirror-$o-rotated
+  local leader pods_before stopped_before started_before resync_events_before adopted_events_before old_serial new_serial refresh
+  # The new certificate, from p's CA.
+  openssl req -new -nodes -newkey ec -pkeyopt ec_paramgen_curve:P-256 -keyout "$e2e_tmp/$name.key" -out "$e2e_tmp/$name.csr" \
+    -subj "/CN=mirror-$o" 2>/dev/null || fail "openssl req for the rotated mirror-$o certificate"
+  openssl x509 -req -in "$e2e_tmp/$name.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" -CAcreateserial -days 29 -sha256 \
+    -out "$e2e_tmp/$name.crt" -extfile <(printf 'basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth') 2>/dev/null \
+    || fail "openssl x509 (signing the rotated mirror-$o certificate with $p's CA)"
+  old_serial=$(k "$o" -n "$NS" get secret "$secret" -o jsonpath='{.data.tls\.crt}' | base64 -d | openssl x509 -noout -serial 2>/dev/null)
+  new_serial=$(openssl x509 -in "$e2e_tmp/$name.crt" -noout -serial)
+  [[ -n $old_serial && $old_serial != "$new_serial" ]] || fail "the rotated certificate's serial ($new_serial) is not new (the Secret's: $old_serial)"
+  # It works on p's etcd as mirror-o (the user is the certificate's CN).
+  "$etcdctl_bin" --endpoints "https://$(cat "$d/node-ip"):$NODEPORT" --cacert "$d/ca.crt" --cert "$e2e_tmp/$name.crt" --key "$e2e_tmp/$name.key" \
+    --dial-timeout 5s --command-timeout 10s get --prefix --keys-only --limit 1 "$pre" >/dev/null \
+    || fail "the rotated certificate does not read $pre on aether-$p as mirror-$o"
+
+  k "$o" -n "$NS" rollout status "deployment/$RELEASE" --timeout 120s >/dev/null || fail "deployment/$RELEASE in aether-$o not rolled out before the rotation"
+  leader=$(holder || true)
+  [[ -n $leader ]] || fail "no holder of the Lease $LEASE_NAME in aether-$o"
+  pods_before=$(operator_pod_lines "$o" | awk '{print $1, $3}' | sort)
+  stopped_before=$(worker_log_count "$leader" "mirror worker stopped")
+  started_before=$(worker_log_count "$leader" "mirror worker started")
+  resync_events_before=$(event_count ResyncStarted) || fail "reading the events of regionpeering/$o"
+  adopted_events_before=$(event_count LeasesAdopted) || fail "reading the events of regionpeering/$o"
+  refresh=$(deploy_arg "$o" refresh-seconds || true); refresh=${refresh:-5}
+  say "rotation: $secret in aether-$o: client certificate $old_serial -> $new_serial (CN=mirror-$o, $p's CA); leader $leader has logged 'mirror worker started' for $p $started_before times, 'stopped' $stopped_before; pods: $(tr '\n' ';' <<<"$pods_before")"
+
+  local t0 t_restart='' t_event='' now stopped started how=''
+  t0=$(now_ms)
+  k "$o" -n "$NS" patch secret "$secret" --type merge \
+    -p "{\"data\":{\"tls.crt\":\"$(base64 -w0 "$e2e_tmp/$name.crt")\",\"tls.key\":\"$(base64 -w0 "$e2e_tmp/$name.key")\"}}" >/dev/null \
+    || fail "kubectl patch secret $secret in aether-$o"
+  while :; do
+    now=$(now_ms)
+    if [[ -z $t_restart ]]; then
+      stopped=$(worker_log_count "$leader" "mirror worker stopped") started=$(worker_log_count "$leader" "mirror worker started")
+      if ((stopped > stopped_before && started > started_before)); then
+        t_restart=$now; say "rotation: $leader restarted the mirror worker for $p $(secs $((now - t0))) s after the Secret changed"
+      fi
+    fi
+    if [[ -n $t_restart && -z $t_event ]]; then
+      if (($(event_count LeasesAdopted || echo 0) > adopted_events_before)); then t_event=$now how="adopted the leases (LeasesAdopted)"
+      elif (($(event_count ResyncStarted || echo 0) > resync_events_before)); then t_event=$now how="ran a full sync (ResyncStarted)"; fi
+    fi
+    [[ -n $t_restart && -n $t_event ]] && break
+    if ((now - t0 > ROTATION_TIMEOUT * 1000)); then
+      echo "e2e: $ROTATION_TIMEOUT s after replacing $secret: 'mirror worker stopped' for $p logged by $leader $stopped_before -> ${stopped:-?}, 'started' $started_before -> ${started:-?}; LeasesAdopted events $adopted_events_before -> $(event_count LeasesAdopted || true), ResyncStarted $resync_events_before -> $(event_count ResyncStarted || true); the leader's last log lines:" >&2
+      k "$o" -n "$NS" logs "$leader" --tail 15 >&2 || true
+      rp_summary "$o" >&2
+      fail "the operator in aether-$o did not take up the rotated $secret within $ROTATION_TIMEOUT s without a restart"
+    fi
+    sleep 0.5
+  done
+  record "rotation: $secret replaced to the mirror worker restarted (refresh ${refresh} s)" "$(secs $((t_restart - t0))) s"
+  ((t_restart - t0 <= (refresh + STATUS_MARGIN) * 1000)) \
+    || fail "the mirror worker restarted $(secs $((t_restart - t0))) s after the Secret changed: more than --refresh-seconds ($refresh) + $STATUS_MARGIN s"
+  record "rotation: the new worker" "$how ($(secs $((t_event - t0))) s)"
+  # No restart: the same Pods, the same restart counts, the same leader.
+  local pods_after; pods_after=$(operator_pod_lines "$o" | awk '{print $1, $3}' | sort)
+  [[ $pods_after == "$pods_before" ]] || fail "the operator's Pods in aether-$o changed across the rotation: before $(tr '\n' ';' <<<"$pods_before"), after $(tr '\n' ';' <<<"$pods_after")"
+  [[ $(holder) == "$leader" ]] || fail "the leader changed across the rotation: $leader -> $(holder)"
+  say "ok: rotation: no Pod restarted or replaced ($(tr '\n' ';' <<<"$pods_after")), $leader still leads"
+  (($(event_count ResyncStarted) == resync_events_before)) || say "rotation: note: the new worker ran a full sync (ResyncStarted $resync_events_before -> $(event_count ResyncStarted))"
+  # Data still flows a -> b, over the new connection.
+  local key t_put; key=$(endpoint_key "$o" "$(region_index "$o")" 999)
+  key=${key/services\/echo/services\/rotation}
+  t_put=$(now_ms)
+  ectl "$o" put "$key" "{\"clusterName\":\"kind-$o\",\"rotated\":\"$new_serial\",\"run\":\"$run_id\"}" >/dev/null || fail "etcdctl put into aether-$o"
+  wait_copy "$o" "$p" "rotation: a key put into aether-$o after the rotation visible in aether-$p" \
+    || fail "a key put into aether-$o after the Secret rotation not on aether-$p within $PROPAGATION_TIMEOUT s"
+  record "rotation: put after the rotation to visible on $p" "$(secs $(($(now_ms) - t_put))) s"
+  local start=$SECONDS
+  until [[ $(ready_status "$o") == True && $(rp_peer_of "$o" "$p" phase) == Watching ]]; do
+    ((SECONDS - start < 60)) || { rp_summary "$o" >&2; fail "regionpeering/$o not Ready with peers[$p] Watching within 60 s of the rotation"; }
+    sleep 1
+  done
+  say "ok: rotation: regionpeering/$o Ready, peers[$p] Watching, under $leader"
+  rp_summary "$o" >&2
+}
+
+# --- 10. helm uninstall through the chart's pre-delete hook, in both clusters -------------------------
+# templates/uninstall-hook.yaml: before Helm deletes anything, a Job (kubectl, the image images.sh
+# built) deletes the RegionPeering and waits until the still-running operator has run its
+# finalizer; only then does Helm delete the operator. Checked: helm uninstall --wait succeeds, the
+# hook Job succeeded (seen Complete, or its Completed event once hook-succeeded deleted it), no
+# RegionPeering left, none of the release's objects left (namespaced, by the release's label, and
+# its ClusterRoles/Bindings), nothing in the namespace with a deletionTimestamp, the release gone
+# from helm list, and the CRDs still there and Established (Helm never deletes crds/; the chart
+# intends that: values.yaml, crds).
+release_leftovers() { # REGION: the release's objects still there, and the namespace's Terminating objects
+  local r=$1 kinds
+  { k "$r" get regionpeerings -A -o name
+    k "$r" -n "$NS" get deployments,replicasets,pods,services,serviceaccounts,roles,rolebindings,poddisruptionbudgets,configmaps,secrets,jobs,networkpolicies \
+      -l "app.kubernetes.io/instance=$RELEASE" -o name
+    k "$r" get clusterroles,clusterrolebindings -l "app.kubernetes.io/instance=$RELEASE" -o name
+  } 2>&1 | grep -v '^No resources found' | sed 's/^/  left: /'
+  kinds=$(k "$r" api-resources --namespaced --verbs=list -o name 2>/dev/null | grep -v '^events' | paste -sd, -)
+  k "$r" -n "$NS" get "$kinds" -o json 2>/dev/null | python3 -c '
+import json, sys
+for i in json.load(sys.stdin).get("items", []):
+    m = i["metadata"]
+    if m.get("deletionTimestamp"):
+        print("  terminating: %s/%s since %s, finalizers %s" % (i["kind"], m["name"], m["deletionTimestamp"], m.get("finalizers")))'
+}
+uninstall_release() { # REGION
+  local r=$1 job log=$log_dir/aether-kind-e2e-uninstall-$1.log t0 now rc at t_helm='' t_rp_gone='' t_job='' job_state='' start left
+  phase="helm uninstall aether-$r"
+  job=$(h "$r" -n "$NS" get hooks "$RELEASE" | awk '/^kind: Job/ {j = 1} j && /^  name:/ {print $2; exit}')
+  [[ -n $job ]] || fail "helm get hooks $RELEASE in aether-$r: no Job (regionPeering.uninstallHook.enabled should render one)"
+  k "$r" -n "$NS" get regionpeering "$r" >/dev/null || fail "regionpeering/$r in aether-$r is gone before the uninstall"
+  rm -f "$e2e_tmp/uninstall-$r.rc"
+  t0=$(now_ms)
+  ( set +e; h "$r" -n "$NS" uninstall "$RELEASE" --wait --timeout "${UNINSTALL_TIMEOUT}s" >"$log" 2>&1; echo "$? $(now_ms)" >"$e2e_tmp/uninstall-$r.rc" ) &
+  local pid=$!
+  while :; do
+    now=$(now_ms)
+    if [[ -z $t_job ]]; then
+      job_state=$(k "$r" -n "$NS" get job "$job" -o jsonpath='{.status.succeeded}/{.status.failed}' 2>/dev/null || true)
+      [[ $job_state == 1/* ]] && { t_job=$now; say "uninstall aether-$r: hook Job $job succeeded $(secs $((now - t0))) s after helm uninstall began"; }
+    fi
+    if [[ -z $t_rp_gone ]] && ! k "$r" -n "$NS" get regionpeering "$r" >/dev/null 2>&1; then
+      t_rp_gone=$now; say "uninstall aether-$r: regionpeering/$r gone $(secs $((now - t0))) s after helm uninstall began"
+    fi
+    if [[ -s $e2e_tmp/uninstall-$r.rc ]]; then
+      read -r rc at <"$e2e_tmp/uninstall-$r.rc"
+      t_helm=$at
+      break
+    fi
+    if ((now - t0 > (UNINSTALL_TIMEOUT + 30) * 1000)); then
+      k "$r" -n "$NS" describe job "$job" >&2 2>&1 || true
+      k "$r" -n "$NS" logs "job/$job" >&2 2>&1 || true
+      fail "helm uninstall in aether-$r did not return within $((UNINSTALL_TIMEOUT + 30)) s (hook Job: ${job_state:-not seen})"
+    fi
+    sleep 0.5
+  done
+  wait "$pid" 2>/dev/null || true
+  if ((rc != 0)); then
+    cat "$log" >&2
+    k "$r" -n "$NS" describe job "$job" >&2 2>&1 || true
+    k "$r" -n "$NS" logs "job/$job" >&2 2>&1 || true
+    fail "helm uninstall $RELEASE in aether-$r: exit $rc"
+  fi
+  record "uninstall aether-$r: helm uninstall --wait (hook Job, finalizer, the release's objects)" "$(secs $((t_helm - t0))) s"
+  [[ -n $t_rp_gone ]] || k "$r" -n "$NS" get regionpeering "$r" >/dev/null 2>&1 || t_rp_gone=$t_helm
+  if [[ -z $t_job ]]; then
+    # hook-succeeded deletes the Job at once: its Completed event stays.
+    local completed
+    completed=$(k "$r" -n "$NS" get events --field-selector "involvedObject.kind=Job,involvedObject.name=$job,reason=Completed" -o name 2>/dev/null | wc -l)
+    ((completed > 0)) || fail "the hook Job $job in aether-$r was never seen succeeding and has no Completed event (helm uninstall said: $(tr '\n' ' ' <<<"$(cat "$log")"))"
+    say "uninstall aether-$r: hook Job $job: gone (hook-succeeded) with a Completed event"
+  else
+    record "uninstall aether-$r: hook Job succeeded" "$(secs $((t_job - t0))) s"
+  fi
+  [[ -n $t_rp_gone ]] && record "uninstall aether-$r: helm uninstall to regionpeering/$r gone (finalizer run)" "$(secs $((t_rp_gone - t0))) s"
+  # Nothing left, nothing Terminating.
+  start=$SECONDS
+  until left=$(release_leftovers "$r") && [[ -z $left ]]; do
+    if ((SECONDS - start >= 120)); then
+      echo "e2e: 120 s after helm uninstall in aether-$r returned, still there:" >&2; echo "$left" >&2
+      fail "helm uninstall in aether-$r left objects behind (above)"
+    fi
+    sleep 1
+  done
+  record "uninstall aether-$r: helm returned to nothing of the release left, nothing Terminating" "$(($(now_ms) - t_helm)) ms"
+  h "$r" -n "$NS" list -a -q | grep -qx "$RELEASE" && fail "helm list -a in aether-$r still lists $RELEASE"
+  local crd state
+  for crd in regionpeerings.federation.aether.dev registryschemas.federation.aether.dev; do
+    state=$(k "$r" get crd "$crd" -o jsonpath='{.status.conditions[?(@.type=="Established")].status} {.metadata.deletionTimestamp}' 2>&1) \
+      || fail "CRD $crd gone from aether-$r after helm uninstall: the chart keeps its CRDs (crds/), $state"
+    [[ $state == "True " ]] || fail "CRD $crd in aether-$r after helm uninstall: Established/deletionTimestamp '$state' (expected Established, not deleted)"
+  done
+  say "ok: uninstall aether-$r: hook Job succeeded, regionpeering/$r and every object of the release gone, nothing Terminating in $NS, the CRDs kept and Established"
+}
+uninstall_all() {
+  local r n
+  for r in "$o" "$p"; do uninstall_release "$r"; done
+  # Informational: deletionPolicy Lapse (the default) leaves the copies to lapse with their leases.
+  for r in "$o" "$p"; do
+    n=$(count_of "$([[ $r == "$o" ]] && echo "$p" || echo "$o")" "$(prefix_of "$r")" || true)
+    say "uninstall: $r's copy on its peer holds $n keys now (deletionPolicy Lapse: they lapse with their leases)"
+  done
+}
+
+if [[ $UPGRADE == 1 ]]; then upgrade_and_rollback; else say "upgrade and rollback: SKIPPED (AETHER_E2E_UPGRADE=$UPGRADE)"; fi
+if [[ $ROTATION == 1 ]]; then rotate_peer_secret; else say "secret rotation: SKIPPED (AETHER_E2E_ROTATION=$ROTATION)"; fi
+if [[ $UNINSTALL == 1 ]]; then uninstall_all; else say "helm uninstall: SKIPPED (AETHER_E2E_UNINSTALL=$UNINSTALL)"; fi
+
+record "total: e2e.sh from start to here (without federation.sh down)" "$SECONDS s"
+phase=finished
