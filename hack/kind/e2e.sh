@@ -26,6 +26,30 @@
 #      the operator's pods being gone, and regionpeering b must report a unreachable (PeersReachable
 #      False, peers[a].reachable false) and inbound[a].keys 0; then recovery: a's etcd and one
 #      operator replica back, a's keys back on b, regionpeering a and b Ready, b's copy in a equal.
+#      Inside it, `kubectl aether status --context kind-aether-a --context kind-aether-b` (the
+#      operator's binary as the kubectl plugin, found in target/, never built; skipped with a
+#      message when absent): before the loss exit 0, both Ready, neither STALE, and with --etcd
+#      every peer's canary synced, a checkpoint and the peers' key counts (the origins' local etcds
+#      are in-cluster Service names this host cannot dial: that one problem is expected, exit 1);
+#      during the loss, polled in the background from the operator's pods being gone, region a
+#      STALE, b not, exit 1;
+#   7. upgrade under load, then rollback: the operator's image re-tagged <version>-e2e-upgrade (the
+#      same binary: configs re-labelled, manifests and index re-hashed, offline) and loaded into
+#      aether-a; a back at the chart's replica count; a background writer puts AETHER_E2E_LOAD_RATE
+#      endpoint keys/s into a's etcd (etcdctl txn batches; creates, then updates, a pool of keys);
+#      `helm upgrade --reuse-values` to the new tag and `kubectl rollout status`, while b's copy is
+#      read continuously: no key a held before the roll missing in any read (until the lease TTL +
+#      keepalive + 5 s after the last old Pod was gone), every Pod on the new image, regionpeering a
+#      Ready under a leader on it, no new ResyncStarted event and resyncs unchanged (or 0 under a new
+#      leader that adopted the leases), no failed put, and with the writer stopped b's copy equal to
+#      a's. Then `helm rollback` to the revision before, with the same checks;
+#   8. secret rotation: a new client certificate for mirror-a from b's CA written into a's Secret
+#      registry-etcd-peer-b; the leader restarts its mirror worker for b (its log) within
+#      --refresh-seconds + AETHER_E2E_STATUS_MARGIN s and adopts the leases, no Pod restarted or
+#      replaced, the same leader, and a key put into a afterwards reaches b;
+#   9. helm uninstall in both clusters through the chart's pre-delete hook: the hook Job succeeds,
+#      the RegionPeering and every object of the release go, nothing is left Terminating in the
+#      namespace, helm lists no release, the CRDs stay (Established; Helm never deletes crds/).
 #
 #   hack/kind/e2e.sh            run it; the clusters are deleted at the end (federation.sh down)
 #   KEEP=1 hack/kind/e2e.sh     keep the clusters (and dockerd) afterwards
@@ -34,10 +58,16 @@
 # are deleted, default 10), AETHER_E2E_READY_TIMEOUT (s, default 300), AETHER_E2E_PROPAGATION_TIMEOUT
 # (s, default 120), AETHER_E2E_HANDOFF_TIMEOUT (s, default 180), AETHER_E2E_FORCED_READY_BOUND (s,
 # default 60), AETHER_E2E_LAPSE_MARGIN (s, default 5), AETHER_E2E_STATUS_MARGIN (s, default 10: on
-# top of b's acceptable pause and status refresh), AETHER_E2E_RECOVERY_TIMEOUT (s, default 180).
+# top of b's acceptable pause and status refresh), AETHER_E2E_RECOVERY_TIMEOUT (s, default 180);
+# AETHER_E2E_PLUGIN (a kubectl-aether binary to use instead of target/'s); AETHER_E2E_UPGRADE,
+# AETHER_E2E_ROTATION, AETHER_E2E_UNINSTALL (1, the default, runs steps 7, 8, 9; 0 skips one),
+# AETHER_E2E_UPGRADE_TIMEOUT (s, default 300, each roll), AETHER_E2E_LOAD_RATE (keys/s, default 100),
+# AETHER_E2E_LOAD_BATCH (puts per etcdctl txn, default 10), AETHER_E2E_LOAD_POOL (distinct keys,
+# default 200), AETHER_E2E_ROTATION_TIMEOUT (s, default 60), AETHER_E2E_UNINSTALL_TIMEOUT (s,
+# default 300: helm uninstall --timeout).
 #
 # Needs what federation.sh and load-operator.sh need (root, the node image's cache, `make tools`'
-# helm and etcdctl, python3), the operator's OCI archive (`make image`; this script never builds
+# helm and etcdctl, python3, curl, openssl), the operator's OCI archive (`make image`; this script never builds
 # Rust), and runs offline. Every wait polls with a deadline and says what it saw on a timeout; any
 # failure dumps `kubectl describe` of the pods and RegionPeerings, the operator's logs and the
 # events of both clusters. The measured times are printed at the end, on failure too.
@@ -83,6 +113,7 @@ need_root "the kind e2e"
 [[ -x $etcdctl_bin ]] || die "$etcdctl_bin is missing: run 'make tools'"
 command -v python3 >/dev/null || die "python3 is needed"
 command -v curl >/dev/null || die "curl is needed (the metrics scrape; apt-get install curl)"
+command -v openssl >/dev/null || die "openssl is needed (the secret rotation's certificate; apt-get install openssl)"
 version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version *= *"\(.*\)"/\1/p' "$root/Cargo.toml")
 [[ -n $version ]] || die "no version in Cargo.toml's [workspace.package]"
 archive=${AETHER_OPERATOR_ARCHIVE:-$root/target/image/aether-operator-$version.oci.tar}
@@ -1454,7 +1485,7 @@ uninstall_release() { # REGION
     fi
     sleep 1
   done
-  record "uninstall aether-$r: helm returned to nothing of the release left, nothing Terminating" "$(($(now_ms) - t_helm)) ms"
+  record "uninstall aether-$r: helm returned to nothing of the release left, nothing Terminating" "$(secs $(($(now_ms) - t_helm))) s"
   h "$r" -n "$NS" list -a -q | grep -qx "$RELEASE" && fail "helm list -a in aether-$r still lists $RELEASE"
   local crd state
   for crd in regionpeerings.federation.aether.dev registryschemas.federation.aether.dev; do

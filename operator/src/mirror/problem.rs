@@ -220,15 +220,14 @@ fn rustls_symptoms(e: &(dyn StdError + 'static), s: &mut Symptoms) {
     }
 }
 
-/// Classifies a failure of `connection`, at `now` (seconds since the epoch).
-pub fn classify(error: &(dyn StdError + 'static), connection: &Connection, now: i64) -> Classified {
-    let s = symptoms(error);
+/// A certificate or TLS problem of `connection`, if that is what failed.
+fn certificate_problem(s: &Symptoms, connection: &Connection, now: i64) -> Option<Classified> {
     let at = &connection.endpoint;
     let secret = connection.credentials.as_deref().unwrap_or("the connection (it names no Secret)");
     let expired_client = connection.client_cert_not_after.filter(|t| *t <= now);
     let has = |needle: &str| s.text.contains(needle);
     let code = |c: tonic::Code| s.codes.contains(&c);
-    let classified = |problem, message: String| Classified { problem, message };
+    let classified = |problem, message: String| Some(Classified { problem, message });
 
     if let Some(expired) = expired_client {
         return classified(
@@ -280,6 +279,20 @@ pub fn classify(error: &(dyn StdError + 'static), connection: &Connection, now: 
             ),
         );
     }
+    None
+}
+
+/// Classifies a failure of `connection`, at `now` (seconds since the epoch).
+pub fn classify(error: &(dyn StdError + 'static), connection: &Connection, now: i64) -> Classified {
+    let s = symptoms(error);
+    if let Some(tls) = certificate_problem(&s, connection, now) {
+        return tls;
+    }
+    let at = &connection.endpoint;
+    let secret = connection.credentials.as_deref().unwrap_or("the connection (it names no Secret)");
+    let has = |needle: &str| s.text.contains(needle);
+    let code = |c: tonic::Code| s.codes.contains(&c);
+    let classified = |problem, message: String| Classified { problem, message };
     if has("authentication failed")
         || has("invalid user id or password")
         || has("invalid auth token")

@@ -81,29 +81,12 @@ async fn retire_once(
     let (owner, checkpoint) = (gets.next().flatten(), gets.next().flatten());
     drop(gets);
     let recorded = owner.as_ref().and_then(|(_, v)| Owner::decode(v));
-    match recorded.as_ref().and_then(|o| o.object.as_ref()) {
-        Some(o) if o.uid == object.uid => {}
-        Some(other) => return Ok(Retired::NotOurs { owner: other.describe() }),
-        None if owner.is_none() => return Ok(Retired::NotOurs { owner: "nobody".into() }),
-        None => {
-            let name = recorded.map_or_else(|| "an unreadable owner record".to_string(), |o| o.owner);
-            return Ok(Retired::NotOurs { owner: format!("{name} (a record that names no object)") });
-        }
+    if let Some(not_ours) = whose(owner.is_some(), recorded.as_ref(), object) {
+        return Ok(not_ours);
     }
     let fence = match &owner {
         Some((mod_revision, _)) => Compare::mod_revision(owner_key.as_str(), CompareOp::Equal, *mod_revision),
         None => Compare::version(owner_key.as_str(), CompareOp::Equal, 0),
-    };
-    let federation = keys::federation_prefix(origin);
-    // Everything of the bookkeeping but the owner record, which becomes the tombstone.
-    let federation_end = keys::prefix_range_end(federation.as_bytes());
-    let mut after_owner = owner_key.clone().into_bytes();
-    after_owner.push(0);
-    let bookkeeping_but_owner = || {
-        [
-            TxnOp::delete(federation.as_str(), Some(DeleteOptions::new().with_range(owner_key.as_str()))),
-            TxnOp::delete(after_owner.clone(), Some(DeleteOptions::new().with_range(federation_end.clone()))),
-        ]
     };
     let generation = recorded.map_or(0, |o| o.generation);
     let tombstone = Owner {
@@ -114,53 +97,16 @@ async fn retire_once(
         object: Some(object.clone()),
         ..Default::default()
     };
-    let mut lapse_lease = None;
-    let mut ops = match policy {
+    let (mut ops, lapse_lease) = match policy {
         RetirePolicy::Delete => {
             let mut ops = vec![TxnOp::delete(keys::region_prefix(origin), Some(DeleteOptions::new().with_prefix()))];
-            ops.extend(bookkeeping_but_owner());
-            ops
+            ops.extend(bookkeeping_but_owner(origin));
+            (ops, None)
         }
         RetirePolicy::Lapse => {
             let checkpoint = checkpoint.as_ref().and_then(|(_, v)| Checkpoint::decode(v));
             let revision = read.header().map_or(0, |h| h.revision());
-            let (checkpoint, _) = crate::mirror::records::store::complete(
-                &mut crate::mirror::target::kv(client),
-                origin,
-                checkpoint,
-                revision,
-            )
-            .await
-            .context("reading the checkpoint's parts")?;
-            let leases = checkpoint.map(|c| c.leases).unwrap_or_default();
-            let mut alive = None;
-            for id in leases.into_iter().filter(|id| *id != 0) {
-                if client.lease_time_to_live(id, None).await.is_ok_and(|r| r.ttl() > 0) {
-                    alive = Some(id);
-                    break;
-                }
-            }
-            lapse_lease = alive;
-            match alive {
-                None => bookkeeping_but_owner().to_vec(),
-                Some(lease) => {
-                    let records = client
-                        .get(federation.as_str(), Some(etcd_client::GetOptions::new().with_prefix()))
-                        .await
-                        .context("reading the bookkeeping")?;
-                    // The checkpoint's parts go now: the record naming them lapses with the
-                    // rest, and there may be more of them than one Txn takes.
-                    let parts = keys::checkpoint_parts_prefix(origin);
-                    let mut ops: Vec<TxnOp> = records
-                        .kvs()
-                        .iter()
-                        .filter(|kv| !kv.key().starts_with(parts.as_bytes()) && kv.key() != owner_key.as_bytes())
-                        .map(|kv| TxnOp::put(kv.key(), kv.value(), Some(PutOptions::new().with_lease(lease))))
-                        .collect();
-                    ops.push(TxnOp::delete(parts.as_str(), Some(DeleteOptions::new().with_prefix())));
-                    ops
-                }
-            }
+            lapse_ops(client, origin, checkpoint, revision).await?
         }
     };
     ops.push(TxnOp::put(owner_key.as_str(), tombstone.encode(), None));
@@ -182,4 +128,71 @@ async fn retire_once(
         }
         RetirePolicy::Lapse => lapse_lease.map_or(Retired::BookkeepingDeleted, Retired::Leased),
     })
+}
+
+/// Whose the records are: None when they name `object`, else who else owns them (pure). Only
+/// records that name the object retiring are retired.
+fn whose(owner_found: bool, recorded: Option<&Owner>, object: &OwningObject) -> Option<Retired> {
+    match recorded.and_then(|o| o.object.as_ref()) {
+        Some(o) if o.uid == object.uid => None,
+        Some(other) => Some(Retired::NotOurs { owner: other.describe() }),
+        None if !owner_found => Some(Retired::NotOurs { owner: "nobody".into() }),
+        None => {
+            let name = recorded.map_or_else(|| "an unreadable owner record".to_string(), |o| o.owner.clone());
+            Some(Retired::NotOurs { owner: format!("{name} (a record that names no object)") })
+        }
+    }
+}
+
+/// Deletes everything of the bookkeeping but the owner record, which becomes the tombstone.
+fn bookkeeping_but_owner(origin: &str) -> Vec<TxnOp> {
+    let owner_key = keys::owner_key(origin);
+    let federation = keys::federation_prefix(origin);
+    let federation_end = keys::prefix_range_end(federation.as_bytes());
+    let mut after_owner = owner_key.clone().into_bytes();
+    after_owner.push(0);
+    vec![
+        TxnOp::delete(federation.as_str(), Some(DeleteOptions::new().with_range(owner_key.as_str()))),
+        TxnOp::delete(after_owner, Some(DeleteOptions::new().with_range(federation_end))),
+    ]
+}
+
+/// The ops that let the copy lapse: the bookkeeping moved onto a lease still alive (so that it
+/// lapses with the keys), or deleted when none is. Returns the lease, if one is alive.
+async fn lapse_ops(
+    client: &mut etcd_client::Client,
+    origin: &str,
+    checkpoint: Option<Checkpoint>,
+    revision: i64,
+) -> anyhow::Result<(Vec<TxnOp>, Option<i64>)> {
+    let (checkpoint, _) =
+        crate::mirror::records::store::complete(&mut crate::mirror::target::kv(client), origin, checkpoint, revision)
+            .await
+            .context("reading the checkpoint's parts")?;
+    let leases = checkpoint.map(|c| c.leases).unwrap_or_default();
+    let mut alive = None;
+    for id in leases.into_iter().filter(|id| *id != 0) {
+        if client.lease_time_to_live(id, None).await.is_ok_and(|r| r.ttl() > 0) {
+            alive = Some(id);
+            break;
+        }
+    }
+    let Some(lease) = alive else { return Ok((bookkeeping_but_owner(origin), None)) };
+    let federation = keys::federation_prefix(origin);
+    let owner_key = keys::owner_key(origin);
+    let records = client
+        .get(federation.as_str(), Some(etcd_client::GetOptions::new().with_prefix()))
+        .await
+        .context("reading the bookkeeping")?;
+    // The checkpoint's parts go now: the record naming them lapses with the rest, and there may
+    // be more of them than one Txn takes.
+    let parts = keys::checkpoint_parts_prefix(origin);
+    let mut ops: Vec<TxnOp> = records
+        .kvs()
+        .iter()
+        .filter(|kv| !kv.key().starts_with(parts.as_bytes()) && kv.key() != owner_key.as_bytes())
+        .map(|kv| TxnOp::put(kv.key(), kv.value(), Some(PutOptions::new().with_lease(lease))))
+        .collect();
+    ops.push(TxnOp::delete(parts.as_str(), Some(DeleteOptions::new().with_prefix())));
+    Ok((ops, Some(lease)))
 }

@@ -34,6 +34,20 @@ pub(super) enum SessionEnd {
     Refused(Refusal),
 }
 
+/// The leases kept alive from the records before anything else.
+struct KeptLeases {
+    leases: Vec<i64>,
+    retiring: Vec<i64>,
+}
+
+/// What a session takes ownership with.
+struct Taking {
+    generation: u64,
+    origin: OriginStatus,
+    kept: KeptLeases,
+    first_session: bool,
+}
+
 impl Worker {
     pub(super) async fn session(
         &self,
@@ -75,39 +89,11 @@ impl Worker {
         }
         state.stored_checkpoint = records.stored.clone();
         let first_session = state.ownership.epoch.is_none();
-        let (generation, restored) = match decide_ownership(&claimant, &state.ownership, records.owner.as_ref()) {
-            OwnerDecision::Fenced { by } => return Ok(SessionEnd::Fenced(by)),
-            OwnerDecision::Retired { by } => return Ok(SessionEnd::Retired(by)),
-            OwnerDecision::Take { generation, restored } => (generation, restored),
-            OwnerDecision::Contested { contest, generation } => {
-                match self.contest(state, &peer, &records, &contest).await {
-                    Some(refusal) => return Ok(SessionEnd::Refused(refusal)),
-                    None => (generation, false),
-                }
-            }
+        let generation = match self.decide_owner(state, &peer, &records, &claimant).await {
+            Ok(generation) => generation,
+            Err(end) => return Ok(end),
         };
-        state.contest_seen = None;
-        if restored {
-            warn!("the peer's owner record went back (a restore of the peer?); resuming from what the peer holds");
-        }
-
-        // Keep alive before anything else: every recorded lease, or, when the records cannot
-        // say, every lease the origin's keys on the peer are attached to.
-        let recorded = records.checkpoint.clone().unwrap_or_default();
-        let orphans = match &records.checkpoint {
-            Some(_) => Vec::new(),
-            None => self.leases_of_the_peers_copy(&peer).await?,
-        };
-        let mut retiring = recorded.retiring.clone();
-        retiring.extend(orphans.iter().filter(|id| !retiring.contains(id)).copied().collect::<Vec<_>>());
-        self.keeper.keep(&recorded.leases, &retiring);
-        if !orphans.is_empty() {
-            warn!(
-                leases = orphans.len(),
-                "the peer's records of this mirror are unreadable: keeping every lease its keys are on alive until a resync moves them"
-            );
-        }
-
+        let kept = self.keep_recorded_leases(&peer, &records).await?;
         state.auth_binds = match auth_binds {
             Some(answer) => answer?,
             None => probe.await?,
@@ -120,15 +106,77 @@ impl Worker {
             return Ok(SessionEnd::Refused(peer_is_origin(&claimant, &self.config.origin, records.cluster_id)));
         }
         state.lease_cap = crate::mirror::plan::lease_cap(self.config.max_keys_per_lease, state.auth_binds);
+        let taking = Taking { generation, origin, kept, first_session };
+        self.take_ownership(state, &peer, &records, taking).await?;
+        self.sync_and_watch(state, &mut local, &mut peer, &mut spread, lost_rx, backoff).await
+    }
+
+    /// Whether this worker may own the mirror on the peer, from the owner record: the generation
+    /// it takes, or how the session ends (fenced, retired, refused).
+    async fn decide_owner(
+        &self,
+        state: &mut State,
+        peer: &Client,
+        records: &Records,
+        claimant: &Claimant<'_>,
+    ) -> Result<u64, SessionEnd> {
+        let (generation, restored) = match decide_ownership(claimant, &state.ownership, records.owner.as_ref()) {
+            OwnerDecision::Fenced { by } => return Err(SessionEnd::Fenced(by)),
+            OwnerDecision::Retired { by } => return Err(SessionEnd::Retired(by)),
+            OwnerDecision::Take { generation, restored } => (generation, restored),
+            OwnerDecision::Contested { contest, generation } => {
+                match self.contest(state, peer, records, &contest).await {
+                    Some(refusal) => return Err(SessionEnd::Refused(refusal)),
+                    None => (generation, false),
+                }
+            }
+        };
+        state.contest_seen = None;
+        if restored {
+            warn!("the peer's owner record went back (a restore of the peer?); resuming from what the peer holds");
+        }
+        Ok(generation)
+    }
+
+    /// Keeps alive, before anything else, every recorded lease, or, when the records cannot say,
+    /// every lease the origin's keys on the peer are attached to.
+    async fn keep_recorded_leases(&self, peer: &Client, records: &Records) -> anyhow::Result<KeptLeases> {
+        let recorded = records.checkpoint.clone().unwrap_or_default();
+        let orphans = match &records.checkpoint {
+            Some(_) => Vec::new(),
+            None => self.leases_of_the_peers_copy(peer).await?,
+        };
+        let mut retiring = recorded.retiring.clone();
+        retiring.extend(orphans.iter().filter(|id| !retiring.contains(id)).copied().collect::<Vec<_>>());
+        self.keeper.keep(&recorded.leases, &retiring);
+        if !orphans.is_empty() {
+            warn!(
+                leases = orphans.len(),
+                "the peer's records of this mirror are unreadable: keeping every lease its keys are on alive until a resync moves them"
+            );
+        }
+        Ok(KeptLeases { leases: recorded.leases, retiring })
+    }
+
+    /// Decides where to resume from the records and the leases still alive, takes a new epoch,
+    /// and sets the session's state from both.
+    async fn take_ownership(
+        &self,
+        state: &mut State,
+        peer: &Client,
+        records: &Records,
+        taking: Taking,
+    ) -> anyhow::Result<()> {
+        let Taking { generation, origin, kept, first_session } = taking;
         // Whether each lease is alive, from the peer's answers to the renewals.
         let ttl = Duration::from_secs(self.config.lease_ttl_seconds.max(1) as u64);
-        let alive = self.keeper.liveness(&recorded.leases, ttl, ttl).await?;
-        let retiring_alive = self.keeper.liveness(&retiring, ttl, ttl).await?;
+        let alive = self.keeper.liveness(&kept.leases, ttl, ttl).await?;
+        let retiring_alive = self.keeper.liveness(&kept.retiring, ttl, ttl).await?;
         let resume = decide_resume(
             records.checkpoint.as_ref(),
             records.progress.as_ref(),
             &alive,
-            &retiring.iter().copied().zip(retiring_alive).collect::<Vec<_>>(),
+            &kept.retiring.iter().copied().zip(retiring_alive).collect::<Vec<_>>(),
             origin,
             state.resync_cause,
             state.synced_once,
@@ -140,9 +188,8 @@ impl Worker {
                 "the origin etcd was restored or replaced; full sync"
             );
         }
-
         let (epoch, may_hold_through) =
-            self.acquire(&peer, &records, generation, resume.applied, origin.cluster_id).await?;
+            self.acquire(peer, records, generation, resume.applied, origin.cluster_id).await?;
         self.shared.update(|h| h.refusal = None);
         state.ownership = Ownership { epoch: Some(epoch), generation, take_over: false };
         state.layout = crate::mirror::leases::shards::Layout::recorded(&resume.slots, resume.leases.len());
@@ -164,7 +211,6 @@ impl Worker {
         self.report_oversized(state, left_out, Vec::new());
         state.left_out_unrecorded = false;
         info!(epoch, generation, "owns the mirror on the peer for this session");
-
         let predecessor = records.progress.as_ref().map(|p| p.owner.as_str()).filter(|o| *o != self.config.owner_id);
         if state.synced && (first_session || predecessor.is_some()) {
             info!(leases = state.leases.len(), revision = state.applied, "adopted the leases recorded on the peer");
@@ -180,7 +226,19 @@ impl Worker {
             h.leases = leases;
             h.synced = synced;
         });
+        Ok(())
+    }
 
+    /// Syncs when a sync is owed, then watches, until the session ends.
+    async fn sync_and_watch(
+        &self,
+        state: &mut State,
+        local: &mut Client,
+        peer: &mut Client,
+        spread: &mut Spread,
+        lost_rx: &mut mpsc::Receiver<KeeperSignal>,
+        backoff: &mut crate::mirror::backoff::Backoff,
+    ) -> anyhow::Result<SessionEnd> {
         loop {
             // The cause stays until a sync completes: a sync cut short by an error is redone by
             // the next session, never skipped for the watch.
@@ -194,7 +252,8 @@ impl Worker {
                 }
                 self.shared.emit(MirrorEvent::ResyncStarted { cause });
                 info!(cause = cause.as_str(), "full sync");
-                match self.sync(&mut local, &mut peer, &mut spread, state, cause, origin.cluster_id).await? {
+                let origin_cluster_id = state.origin_cluster_id;
+                match self.sync(local, peer, spread, state, cause, origin_cluster_id).await? {
                     Some(by) => return Ok(SessionEnd::Fenced(by)),
                     None => {
                         state.resync_cause = None;
@@ -203,7 +262,7 @@ impl Worker {
                     }
                 }
             }
-            match self.watch(&mut local, &mut peer, &mut spread, state, lost_rx, backoff).await? {
+            match self.watch(local, peer, spread, state, lost_rx, backoff).await? {
                 WatchEnd::Shutdown => return Ok(SessionEnd::Shutdown),
                 WatchEnd::Fenced(by) => return Ok(SessionEnd::Fenced(by)),
                 WatchEnd::Resync(cause) => {

@@ -11,7 +11,7 @@ use crate::mirror::context::{State, Worker};
 use crate::mirror::health::{MirrorEvent, Phase, ResyncCause};
 use crate::mirror::leases::shards::{Layout, needs_reshard, shard_count};
 use crate::mirror::plan::{
-    Kv, MAX_SYNC_INFLIGHT_BYTES, MirrorOp, SYNC_GROUP_BYTES, SyncBatcher, distance, enforce_request_limit,
+    Kv, MAX_SYNC_INFLIGHT_BYTES, MirrorOp, Oversized, SYNC_GROUP_BYTES, SyncBatcher, distance, enforce_request_limit,
     group_by_shard, merge_step, next_page_limit, spread_connections, sync_window,
 };
 use crate::mirror::streams::apply::Applied;
@@ -32,7 +32,7 @@ const GRANTS_IN_FLIGHT: usize = 256;
 pub(in crate::mirror) const RESERVED_REQUEST_BYTES: usize = 64 * 1024;
 
 impl Worker {
-    /// Returns who fenced us, if someone did.
+    /// The full sync. Returns who fenced us, if someone did.
     pub(in crate::mirror) async fn sync(
         &self,
         local: &mut Client,
@@ -48,11 +48,22 @@ impl Worker {
             h.synced = false;
         });
         state.synced = false;
-        let prefix = keys::region_prefix(&self.config.origin);
-        let range_end = keys::prefix_range_end(prefix.as_bytes());
         let epoch = state.ownership.epoch.ok_or_else(|| anyhow!("sync without ownership"))?;
+        let snapshot = self.snapshot_head(local, epoch, cause).await?;
+        plan_layout(state, snapshot.total);
+        let mut copy = match self.start_copy(local, peer, spread, state, &snapshot).await? {
+            Started::Copying(copy) => copy,
+            Started::Fenced(by) => return Ok(Some(by)),
+        };
+        if let Some(by) = self.run_copy(&mut copy, local, peer, spread, state, epoch).await? {
+            return Ok(Some(by));
+        }
+        self.finish_sync(*copy, peer, state, &snapshot, origin_cluster_id).await
+    }
 
-        // Pin the snapshot: the revision and size of the origin's subtree now.
+    /// Pins the snapshot: the revision and size of the origin's subtree now.
+    async fn snapshot_head(&self, local: &Client, epoch: i64, cause: ResyncCause) -> anyhow::Result<Snapshot> {
+        let prefix = keys::region_prefix(&self.config.origin);
         let head = self
             .rpc(
                 "count origin keys",
@@ -60,29 +71,26 @@ impl Worker {
             )
             .await?;
         let revision = head.header().map(|h| h.revision()).ok_or_else(|| anyhow!("range response without header"))?;
-        let total = head.count().max(0) as u64;
+        Ok(Snapshot { revision, total: head.count().max(0) as u64, epoch, cause })
+    }
 
-        // Lease layout: keep the current one while it fits, else reshard.
-        let max_per_lease = state.lease_cap.max(1);
-        if needs_reshard(state.leases.len(), &state.keys, total, max_per_lease) {
-            let shards = shard_count(total, max_per_lease);
-            if !state.leases.is_empty() {
-                info!(from = state.leases.len(), to = shards, keys = total, "resharding leases");
-                state.retiring.extend(state.leases.iter().copied().filter(|id| *id != 0));
-            }
-            state.leases = vec![0; shards];
-            state.keys = vec![0; shards];
-            state.layout = Layout::uniform(shards);
-        }
-        if state.layout.len() != state.leases.len() {
-            state.layout = Layout::uniform(state.leases.len());
-        }
+    /// Lays out and records the leases, and reads the first pages of both sides meanwhile.
+    async fn start_copy(
+        &self,
+        local: &Client,
+        peer: &mut Client,
+        spread: &mut Spread,
+        state: &mut State,
+        snapshot: &Snapshot,
+    ) -> anyhow::Result<Started> {
+        let prefix = keys::region_prefix(&self.config.origin);
+        let range_end = keys::prefix_range_end(prefix.as_bytes());
         // The peer's distance sizes the window, and across distance the Txns spread over
         // connections of their own (as many as the subtree's Txns can use): measured and opened
         // while the layout is granted and recorded (the status calls write nothing), not in more
         // round trips after.
         let (measure_local, measure_peer) = (local.clone(), peer.clone());
-        let subtree_txns = (total as usize).div_ceil(self.limits(state).max_ops.max(1));
+        let subtree_txns = (snapshot.total as usize).div_ceil(self.limits(state).max_ops.max(1));
         let spread_more = async {
             let distance = self.peer_distance(&measure_local, &measure_peer).await;
             let window = sync_window(self.config.sync_parallelism, distance);
@@ -96,69 +104,54 @@ impl Worker {
         // the other).
         let mut peer_pages = Pages::from(&prefix, None);
         let first_peer_page = self.next_page(peer, &mut peer_pages, &range_end);
-        let mut origin_pages = Pages::from(&prefix, Some(revision));
+        let mut origin_pages = Pages::from(&prefix, Some(snapshot.revision));
         let ahead = if state.auth_binds { SYNC_GROUP_BYTES } else { 0 };
         let read_ahead = self.read_ahead(local, &mut origin_pages, &range_end, ahead);
+        let lay_out = self.lay_out(peer, state, snapshot.epoch, snapshot.cause);
         let (window, laid_out, first_peer_page, read_ahead) =
-            tokio::join!(spread_more, self.lay_out(peer, state, epoch, cause), first_peer_page, read_ahead);
+            tokio::join!(spread_more, lay_out, first_peer_page, read_ahead);
         if let Some(by) = laid_out? {
-            return Ok(Some(by));
+            return Ok(Started::Fenced(by));
         }
         let spread_over = spread.len();
         self.shared.update(|h| h.peer_connections = spread_over);
-
-        let shards = state.leases.len();
         let layout = state.layout.clone();
-        let leases = state.leases.clone();
-        let mut batcher = SyncBatcher::new(self.limits(state));
-        let mut counts = vec![0i64; shards];
-        let mut inflight = FuturesUnordered::new();
-        let mut inflight_bytes = 0usize;
-        let mut origin_buf: VecDeque<Kv> = read_ahead?.into();
+        let mut counts = vec![0i64; state.leases.len()];
+        let origin_buf: VecDeque<Kv> = read_ahead?.into();
         for kv in &origin_buf {
             counts[layout.shard_of(&kv.key)] += 1;
         }
-        let mut peer_buf = VecDeque::new();
-        let mut next_peer_page = Some(first_peer_page);
-        let mut ops = Vec::new();
-        let (mut staged, mut staged_bytes) = (Vec::new(), 0usize);
-        let mut oversized = Vec::new();
+        Ok(Started::Copying(Box::new(SyncCopy {
+            origin_pages,
+            peer_pages,
+            origin_buf,
+            peer_buf: VecDeque::new(),
+            first_peer_page: Some(first_peer_page),
+            range_end,
+            layout,
+            leases: state.leases.clone(),
+            counts,
+            oversized: Vec::new(),
+            window,
+        })))
+    }
 
+    /// Copies the snapshot: both sides read page by page, merged into ops, the ops applied in
+    /// a window of batch Txns. Returns who fenced us, if someone did.
+    async fn run_copy(
+        &self,
+        copy: &mut SyncCopy,
+        local: &Client,
+        peer: &Client,
+        spread: &mut Spread,
+        state: &State,
+        epoch: i64,
+    ) -> anyhow::Result<Option<String>> {
+        let mut batcher = SyncBatcher::new(self.limits(state));
+        let mut txns = SyncTxns::default();
+        let (mut staged, mut staged_bytes) = (Vec::new(), 0usize);
         loop {
-            if origin_buf.is_empty() && !origin_pages.done {
-                let page = self.next_page(local, &mut origin_pages, &range_end).await?;
-                for kv in &page {
-                    counts[layout.shard_of(&kv.key)] += 1;
-                }
-                origin_buf.extend(page);
-            }
-            if peer_buf.is_empty() && !peer_pages.done {
-                let page = match next_peer_page.take() {
-                    Some(read) => read?,
-                    None => self.next_page(peer, &mut peer_pages, &range_end).await?,
-                };
-                self.shared.detector_success();
-                peer_buf.extend(page);
-            }
-            merge_step(
-                &mut origin_buf,
-                origin_pages.done,
-                &mut peer_buf,
-                peer_pages.done,
-                |key| layout.shard_of(key),
-                |shard| leases[shard],
-                &mut ops,
-            );
-            for op in ops.drain(..) {
-                let (op, too_large) = enforce_request_limit(op, self.config.max_request_bytes, RESERVED_REQUEST_BYTES);
-                if let Some(o) = too_large {
-                    counts[layout.shard_of(o.key.as_bytes())] -= 1;
-                    oversized.push(o);
-                }
-                staged_bytes += op.wire_size();
-                staged.push(op);
-            }
-            let read_all = origin_pages.done && peer_pages.done && origin_buf.is_empty() && peer_buf.is_empty();
+            let read_all = self.read_and_merge(copy, local, peer, &mut staged, &mut staged_bytes).await?;
             // Under auth, ops wait to be grouped by lease (see `group_by_shard`).
             if state.auth_binds && staged_bytes < SYNC_GROUP_BYTES && !read_all {
                 continue;
@@ -168,38 +161,21 @@ impl Worker {
             }
             staged_bytes = 0;
             for op in staged.drain(..) {
-                if let Some(batch) = batcher.push(op) {
-                    let bytes: usize = batch.iter().map(MirrorOp::wire_size).sum();
-                    while inflight.len() >= window
-                        || (!inflight.is_empty() && inflight_bytes + bytes > MAX_SYNC_INFLIGHT_BYTES)
-                    {
-                        let (result, landed) = inflight.next().await.expect("not empty");
-                        inflight_bytes -= landed;
-                        if let Some(by) = settle(Some(result))? {
-                            return Ok(Some(by));
-                        }
+                let Some(batch) = batcher.push(op) else { continue };
+                let bytes: usize = batch.iter().map(MirrorOp::wire_size).sum();
+                if let Some(by) = txns.make_room(copy.window, bytes).await? {
+                    return Ok(Some(by));
+                }
+                // Renewals first: while they fail, what is in flight lands before more is sent.
+                if self.renewals_failing() {
+                    if let Some(by) = txns.settle_all().await? {
+                        return Ok(Some(by));
                     }
-                    // Renewals first: while they fail, what is in flight lands before more is sent.
-                    if self.renewals_failing() {
-                        while let Some((result, landed)) = inflight.next().await {
-                            inflight_bytes -= landed;
-                            if let Some(by) = settle(Some(result))? {
-                                return Ok(Some(by));
-                            }
-                        }
-                        self.renewals_first().await?;
-                    }
-                    inflight_bytes += bytes;
-                    let apply = self.apply(spread.next(), epoch, batch, &leases, Vec::new());
-                    inflight.push(with_bytes(apply, bytes));
-                    // A Txn in the set is sent only once the set is polled: poll it now, not once
-                    // the window is full (across distance, 42 batches would wait for a 43rd).
-                    while let Some(Some((result, landed))) = inflight.next().now_or_never() {
-                        inflight_bytes -= landed;
-                        if let Some(by) = settle(Some(result))? {
-                            return Ok(Some(by));
-                        }
-                    }
+                    self.renewals_first().await?;
+                }
+                txns.push(self.apply(spread.next(), epoch, batch, &copy.leases, Vec::new()), bytes);
+                if let Some(by) = txns.take_ready()? {
+                    return Ok(Some(by));
                 }
             }
             if read_all {
@@ -207,24 +183,77 @@ impl Worker {
             }
         }
         if let Some(batch) = batcher.take() {
-            let apply = self.apply(peer, epoch, batch, &leases, Vec::new());
-            inflight.push(with_bytes(apply, 0));
+            txns.push(self.apply(peer, epoch, batch, &copy.leases, Vec::new()), 0);
         }
-        while let Some((result, _)) = inflight.next().await {
-            if let Some(by) = settle(Some(result))? {
-                return Ok(Some(by));
-            }
-        }
-        drop(inflight);
+        txns.settle_all().await
+    }
 
-        // The last Txn records the complete snapshot and writes the canary. The old layout's
-        // leases hold nothing now: not recorded any more, they lapse on their own.
+    /// Reads the next pages each side needs and merges what both hold into ops, staged. Returns
+    /// whether both sides are read to the end.
+    async fn read_and_merge(
+        &self,
+        copy: &mut SyncCopy,
+        local: &Client,
+        peer: &Client,
+        staged: &mut Vec<MirrorOp>,
+        staged_bytes: &mut usize,
+    ) -> anyhow::Result<bool> {
+        if copy.origin_buf.is_empty() && !copy.origin_pages.done {
+            let page = self.next_page(local, &mut copy.origin_pages, &copy.range_end).await?;
+            for kv in &page {
+                copy.counts[copy.layout.shard_of(&kv.key)] += 1;
+            }
+            copy.origin_buf.extend(page);
+        }
+        if copy.peer_buf.is_empty() && !copy.peer_pages.done {
+            let page = match copy.first_peer_page.take() {
+                Some(read) => read?,
+                None => self.next_page(peer, &mut copy.peer_pages, &copy.range_end).await?,
+            };
+            self.shared.detector_success();
+            copy.peer_buf.extend(page);
+        }
+        let mut ops = Vec::new();
+        let (layout, leases) = (&copy.layout, &copy.leases);
+        merge_step(
+            &mut copy.origin_buf,
+            copy.origin_pages.done,
+            &mut copy.peer_buf,
+            copy.peer_pages.done,
+            |key| layout.shard_of(key),
+            |shard| leases[shard],
+            &mut ops,
+        );
+        for op in ops {
+            let (op, too_large) = enforce_request_limit(op, self.config.max_request_bytes, RESERVED_REQUEST_BYTES);
+            if let Some(o) = too_large {
+                copy.counts[copy.layout.shard_of(o.key.as_bytes())] -= 1;
+                copy.oversized.push(o);
+            }
+            *staged_bytes += op.wire_size();
+            staged.push(op);
+        }
+        Ok(copy.origin_pages.done && copy.peer_pages.done && copy.origin_buf.is_empty() && copy.peer_buf.is_empty())
+    }
+
+    /// The last Txn records the complete snapshot and writes the canary. The old layout's leases
+    /// hold nothing now: not recorded any more, they lapse on their own.
+    async fn finish_sync(
+        &self,
+        copy: SyncCopy,
+        peer: &Client,
+        state: &mut State,
+        snapshot: &Snapshot,
+        origin_cluster_id: u64,
+    ) -> anyhow::Result<Option<String>> {
+        let revision = snapshot.revision;
         let retired = !state.retiring.is_empty();
         state.retiring.clear();
-        state.keys = counts;
+        state.keys = copy.counts;
         state.origin_cluster_id = origin_cluster_id;
         // Every key the origin holds was compared in this sync: it alone says which are too large,
         // and the checkpoint records them for a successor.
+        let oversized = copy.oversized;
         let fixed: Vec<String> =
             state.oversized.keys().filter(|k| !oversized.iter().any(|o| &o.key == *k)).cloned().collect();
         self.report_oversized(state, oversized, fixed);
@@ -233,7 +262,7 @@ impl Worker {
         let record = self.checkpoint(state, revision, true);
         let write = self.checkpoint_write(state, &record);
         let bookkeeping = vec![self.progress_op(revision, revision), self.canary_op(state, canary)];
-        if let Applied::Fenced(by) = self.apply_checkpoint(peer, epoch, write, bookkeeping).await? {
+        if let Applied::Fenced(by) = self.apply_checkpoint(peer, snapshot.epoch, write, bookkeeping).await? {
             return Ok(Some(by));
         }
         state.applied = revision;
@@ -414,6 +443,115 @@ impl Worker {
     }
 }
 
+/// The origin's subtree as a sync copies it, and the session it copies under.
+struct Snapshot {
+    revision: i64,
+    total: u64,
+    epoch: i64,
+    cause: ResyncCause,
+}
+
+/// Lease layout: keep the current one while it fits, else reshard.
+fn plan_layout(state: &mut State, total: u64) {
+    let max_per_lease = state.lease_cap.max(1);
+    if needs_reshard(state.leases.len(), &state.keys, total, max_per_lease) {
+        let shards = shard_count(total, max_per_lease);
+        if !state.leases.is_empty() {
+            info!(from = state.leases.len(), to = shards, keys = total, "resharding leases");
+            state.retiring.extend(state.leases.iter().copied().filter(|id| *id != 0));
+        }
+        state.leases = vec![0; shards];
+        state.keys = vec![0; shards];
+        state.layout = Layout::uniform(shards);
+    }
+    if state.layout.len() != state.leases.len() {
+        state.layout = Layout::uniform(state.leases.len());
+    }
+}
+
+enum Started {
+    Copying(Box<SyncCopy>),
+    Fenced(String),
+}
+
+/// A sync's copy under way: both sides' pages, what is read and not merged yet, and what the
+/// origin's keys come to per shard.
+struct SyncCopy {
+    origin_pages: Pages,
+    peer_pages: Pages,
+    origin_buf: VecDeque<Kv>,
+    peer_buf: VecDeque<Kv>,
+    /// The peer's first page, read while the leases were laid out.
+    first_peer_page: Option<anyhow::Result<Vec<Kv>>>,
+    range_end: Vec<u8>,
+    layout: Layout,
+    leases: Vec<i64>,
+    counts: Vec<i64>,
+    oversized: Vec<Oversized>,
+    /// Batch Txns in flight at most.
+    window: usize,
+}
+
+type SyncTxn = std::pin::Pin<Box<dyn std::future::Future<Output = (anyhow::Result<Applied>, usize)> + Send>>;
+
+/// A sync's batch Txns in flight, with their bytes.
+#[derive(Default)]
+struct SyncTxns {
+    txns: FuturesUnordered<SyncTxn>,
+    bytes: usize,
+}
+
+impl SyncTxns {
+    fn push(
+        &mut self,
+        apply: impl std::future::Future<Output = anyhow::Result<Applied>> + Send + 'static,
+        bytes: usize,
+    ) {
+        self.bytes += bytes;
+        self.txns.push(Box::pin(async move { (apply.await, bytes) }));
+    }
+
+    fn take(&mut self, (result, bytes): (anyhow::Result<Applied>, usize)) -> anyhow::Result<Option<String>> {
+        self.bytes -= bytes;
+        match result? {
+            Applied::Yes => Ok(None),
+            Applied::Fenced(by) => Ok(Some(by)),
+        }
+    }
+
+    /// Waits until a batch of `bytes` fits in the window.
+    async fn make_room(&mut self, window: usize, bytes: usize) -> anyhow::Result<Option<String>> {
+        while self.txns.len() >= window || (!self.txns.is_empty() && self.bytes + bytes > MAX_SYNC_INFLIGHT_BYTES) {
+            let done = self.txns.next().await.expect("not empty");
+            if let Some(by) = self.take(done)? {
+                return Ok(Some(by));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Takes what has landed. A Txn in the set is sent only once the set is polled: poll it now,
+    /// not once the window is full (across distance, 42 batches would wait for a 43rd).
+    fn take_ready(&mut self) -> anyhow::Result<Option<String>> {
+        while let Some(Some(done)) = self.txns.next().now_or_never() {
+            if let Some(by) = self.take(done)? {
+                return Ok(Some(by));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Waits for every Txn in flight.
+    async fn settle_all(&mut self) -> anyhow::Result<Option<String>> {
+        while let Some(done) = self.txns.next().await {
+            if let Some(by) = self.take(done)? {
+                return Ok(Some(by));
+            }
+        }
+        Ok(None)
+    }
+}
+
 /// Where the sync's read of a subtree (the origin's or the peer's copy) has got to.
 struct Pages {
     cursor: Vec<u8>,
@@ -431,18 +569,6 @@ impl Pages {
 }
 
 /// A batch Txn with the bytes it carries, released from the in-flight budget when it lands.
-async fn with_bytes<F: std::future::Future>(apply: F, bytes: usize) -> (F::Output, usize) {
-    (apply.await, bytes)
-}
-
-fn settle(result: Option<anyhow::Result<Applied>>) -> anyhow::Result<Option<String>> {
-    match result {
-        None | Some(Ok(Applied::Yes)) => Ok(None),
-        Some(Ok(Applied::Fenced(by))) => Ok(Some(by)),
-        Some(Err(e)) => Err(e),
-    }
-}
-
 pub(in crate::mirror) fn page_kvs(mut page: GetResponse) -> impl Iterator<Item = Kv> {
     page.take_kvs().into_iter().map(|kv| {
         let lease = kv.lease();
