@@ -14,6 +14,7 @@ mod limit;
 mod mesh;
 mod operator;
 mod process;
+mod sockets;
 mod sync;
 mod table;
 mod verify;

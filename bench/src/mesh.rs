@@ -7,6 +7,7 @@
 use crate::fixtures::{count, fill_region, key, value};
 use crate::operator::scrape;
 use crate::process::{WorkerProcess, busy_percent, machine_ticks};
+use crate::sockets::PeakSampler;
 use crate::table::Table;
 use aether_harness::EtcdServer;
 use aether_operator::keys;
@@ -23,10 +24,30 @@ const LOAD_RATE: u64 = 100;
 const CONVERGE_LIMIT: Duration = Duration::from_secs(300);
 
 pub async fn bench_mesh(table: &mut Table) -> anyhow::Result<()> {
-    for n in MESH_SIZES {
+    for n in mesh_sizes()? {
         mesh(table, n).await?;
     }
     Ok(())
+}
+
+/// The sizes `AETHER_BENCH_MESH` asks for, else [`MESH_SIZES`].
+fn mesh_sizes() -> anyhow::Result<Vec<usize>> {
+    let Ok(sizes) = std::env::var("AETHER_BENCH_MESH") else { return Ok(MESH_SIZES.to_vec()) };
+    sizes
+        .split(',')
+        .map(|n| n.trim().parse().map_err(|e| anyhow::anyhow!("AETHER_BENCH_MESH={sizes}: {n:?} is not a size: {e}")))
+        .collect()
+}
+
+/// Each region's etcd client port.
+fn client_ports(regions: &[Region]) -> Vec<u16> {
+    regions.iter().map(|r| r.etcd.endpoint().rsplit(':').next().and_then(|p| p.parse().ok()).unwrap_or(0)).collect()
+}
+
+/// "mean M, max X" of per-etcd counts.
+fn spread_of(counts: &[usize]) -> String {
+    let mean = counts.iter().sum::<usize>() as f64 / counts.len().max(1) as f64;
+    format!("mean {mean:.0}, max {}", counts.iter().max().unwrap_or(&0))
 }
 
 struct Region {
@@ -56,22 +77,28 @@ async fn mesh(table: &mut Table, n: usize) -> anyhow::Result<()> {
             .collect();
         processes.push(WorkerProcess::start_as(Some(&region.name), &region.etcd.endpoint(), &peers)?);
     }
+    let sampler = PeakSampler::start(client_ports(&regions));
     let mut converged = Duration::ZERO;
     for process in &mut processes {
         converged = converged.max(process.wait_synced()?);
     }
+    let converging_connections = sampler.stop();
     let missing = missing_copies(&regions, ENDPOINTS_PER_REGION as i64).await;
     table.row_with(
         &format!("mesh {n} regions x {ENDPOINTS_PER_REGION} endpoints"),
         "converged",
         format!("{:.1}s", converged.as_secs_f64()),
         format!(
-            "{} processes, {} workers (one per ordered pair); {}",
+            "{} processes, {} workers (one per ordered pair); {}; client connections per etcd at their peak while converging: {}",
             n,
             n * (n - 1),
-            if missing == 0 { "every copy complete".to_string() } else { format!("{missing} copies INCOMPLETE") }
+            if missing == 0 { "every copy complete".to_string() } else { format!("{missing} copies INCOMPLETE") },
+            spread_of(&converging_connections),
         ),
-        serde_json::json!({"regions": n, "converged_s": converged.as_secs_f64(), "incomplete_copies": missing}),
+        serde_json::json!({
+            "regions": n, "converged_s": converged.as_secs_f64(), "incomplete_copies": missing,
+            "peak_connections_per_etcd": converging_connections,
+        }),
     );
 
     let idle = measure(&regions, &processes, None).await;
@@ -144,6 +171,8 @@ struct Window {
     written: u64,
     /// How long the window took (the load's writers may fall behind on a busy machine).
     elapsed: f64,
+    /// Each etcd's peak of client connections over the window.
+    connections: Vec<usize>,
 }
 
 /// Measures a window; with `rate`, a writer per region puts that many writes a second into the
@@ -152,6 +181,7 @@ async fn measure(regions: &[Region], processes: &[WorkerProcess], rate: Option<u
     let cpu_before: Vec<f64> = processes.iter().map(WorkerProcess::cpu_seconds).collect();
     let rpc_before = futures::future::join_all(regions.iter().map(|r| rpcs(&r.etcd))).await;
     let ticks = machine_ticks();
+    let sampler = PeakSampler::start(client_ports(regions));
     let started = Instant::now();
     let (last_index, written) = match rate {
         None => {
@@ -162,6 +192,7 @@ async fn measure(regions: &[Region], processes: &[WorkerProcess], rate: Option<u
         Some(rate) => load(regions, rate).await,
     };
     let elapsed = started.elapsed().as_secs_f64();
+    let connections = sampler.stop();
     let busy = busy_percent(ticks, machine_ticks());
     let cpu =
         processes.iter().zip(&cpu_before).map(|(p, before)| 100.0 * (p.cpu_seconds() - before) / elapsed).collect();
@@ -170,7 +201,17 @@ async fn measure(regions: &[Region], processes: &[WorkerProcess], rate: Option<u
     let per_second = |pick: fn(&(f64, f64)) -> f64| -> Vec<f64> {
         rpc_before.iter().zip(&rpc_after).map(|(b, a)| (pick(a) - pick(b)) / elapsed).collect()
     };
-    Window { cpu, rss, reads: per_second(|r| r.0), writes: per_second(|r| r.1), busy, last_index, written, elapsed }
+    Window {
+        cpu,
+        rss,
+        reads: per_second(|r| r.0),
+        writes: per_second(|r| r.1),
+        busy,
+        last_index,
+        written,
+        elapsed,
+        connections,
+    }
 }
 
 /// Writes `rate` puts a second into each region's own subtree for the window; returns the index
@@ -232,11 +273,12 @@ impl Window {
             "per operator process",
             format!("CPU {:.2}% of a core (max {:.2}%), RSS {:.1} MiB (max {:.1})", mean(&self.cpu), max(&self.cpu), mean(&rss), max(&rss)),
             format!(
-                "{load}per etcd: {:.1} reads/s (max {:.1}), {:.1} writes/s (max {:.1}) as RPCs (a read is a page of up to 1,000 keys, a write a Txn of up to 125); machine {:.0}% busy over {:.0}s",
+                "{load}per etcd: {:.1} reads/s (max {:.1}), {:.1} writes/s (max {:.1}) as RPCs (a read is a page of up to 1,000 keys, a write a Txn of up to 125), client connections at their peak {}; machine {:.0}% busy over {:.0}s",
                 mean(&self.reads),
                 max(&self.reads),
                 mean(&self.writes),
                 max(&self.writes),
+                spread_of(&self.connections),
                 self.busy,
                 self.elapsed
             ),
@@ -244,6 +286,7 @@ impl Window {
                 "regions": n, "window": what, "cpu_percent": self.cpu, "rss_mib": rss,
                 "etcd_reads_per_s": self.reads, "etcd_writes_per_s": self.writes, "machine_busy_percent": self.busy,
                 "writes_made": self.written, "window_s": self.elapsed,
+                "peak_connections_per_etcd": self.connections,
             }),
         );
     }
