@@ -350,6 +350,42 @@ async fn a_successor_adopts_the_leases_and_resumes_without_reputting() {
 }
 
 #[tokio::test]
+async fn a_successor_reports_the_exact_key_count_where_the_checkpoint_counted_fewer() {
+    let pair = pair().await;
+    let mut origin = client(&pair.origin).await;
+    let mut peer = client(&pair.peer).await;
+    write_keys(&mut origin, "a", 0..100, "v1").await;
+    let (first, _e) = start(config("leader-1"), &pair);
+    wait_synced(&first).await;
+    // Fewer changes than a shard may drift before its count is recorded (an eighth of the cap of
+    // 1,000): the checkpoint keeps the sync's count of 100.
+    write_keys(&mut origin, "a", 100..140, "v1").await;
+    for i in 0..10 {
+        origin.delete(endpoint_key("a", i), None).await.unwrap();
+    }
+    converged(&pair).await;
+    let mut health = first.subscribe();
+    tokio::time::timeout(DEADLINE, health.wait_for(|h| h.keys == 130))
+        .await
+        .unwrap_or_else(|_| panic!("the first worker counts 130 keys; it says {}", first.health().keys))
+        .unwrap();
+    first.shutdown().await;
+
+    let (second, _e2) = start(config("leader-2"), &pair);
+    wait_phase(&second, Phase::Watching).await;
+    let mut health = second.subscribe();
+    // Not holding the health's read guard: the worker writes it.
+    let exact = tokio::time::timeout(DEADLINE, health.wait_for(|h| h.keys == 130)).await.is_ok_and(|r| r.is_ok());
+    assert!(
+        exact,
+        "the successor reports {} keys; the peer holds {}",
+        second.health().keys,
+        key_count(&mut peer, &keys::region_prefix("a")).await
+    );
+    second.shutdown().await;
+}
+
+#[tokio::test]
 async fn of_two_workers_for_one_pair_only_the_newer_writes() {
     let pair = pair().await;
     let mut origin = client(&pair.origin).await;

@@ -97,8 +97,10 @@ pub fn staleness(
     if let Some(lease) = lease {
         let expired = lease.renewed.is_none_or(|r| age(r) > lease.duration_seconds);
         if lease.holder.as_deref().is_none_or(str::is_empty) || expired {
-            let since = lease.renewed.map_or_else(|| "ever".to_string(), |r| format!("{r} ({}s ago)", age(r)));
-            return Some(format!("no operator leads the region: its leader Lease was last renewed {since}"));
+            let renewed = lease
+                .renewed
+                .map_or_else(|| "was never renewed".to_string(), |r| format!("was last renewed {r} ({}s ago)", age(r)));
+            return Some(format!("no operator leads the region: its leader Lease {renewed}"));
         }
     }
     match refreshed {
@@ -532,6 +534,10 @@ mod tests {
         // Without the Lease, the status's age alone.
         assert!(staleness(now, Some(at(1_800_000_000 - 100)), 60, None).is_some());
         assert!(staleness(now, None, 60, None).is_some());
+        // A Lease that was never renewed says so.
+        let never = LeaderLease { holder: None, renewed: None, duration_seconds: 8 };
+        let why = staleness(now, Some(at(1_800_000_000 - 1)), 60, Some(&never)).expect("stale");
+        assert!(why.ends_with("its leader Lease was never renewed"), "{why}");
     }
 
     #[test]

@@ -70,6 +70,9 @@ pub(super) struct State {
     /// The keys left out (`oversized`) changed since the checkpoint last recorded them: the
     /// watch records them, so that a successor reports them too.
     pub left_out_unrecorded: bool,
+    /// The key counts are the checkpoint's (resumed from the records), not counted by a sync: the
+    /// watch makes them exact at its first quiet moment (`Worker::recount`).
+    pub counts_estimated: bool,
 }
 
 /// How far a shard's count may move from the recorded one before it is recorded again: an eighth
@@ -77,6 +80,23 @@ pub(super) struct State {
 /// shard (growth spread over every shard rewrites the layout once per 8 keys a shard).
 pub fn count_drift(lease_cap: u64) -> i64 {
     (lease_cap / 8).max(8) as i64
+}
+
+/// Scales estimated per-shard key counts so that they add up to `exact` (pure): each shard keeps
+/// its share, the rounding goes to the largest; with no estimate at all, evenly.
+pub fn rescale_counts(counts: &mut [i64], exact: i64) {
+    if counts.is_empty() {
+        return;
+    }
+    let estimated: i64 = counts.iter().map(|c| (*c).max(0)).sum();
+    let shards = counts.len() as i64;
+    let mut assigned = 0;
+    for count in counts.iter_mut() {
+        *count = if estimated > 0 { (*count).max(0) * exact / estimated } else { exact / shards };
+        assigned += *count;
+    }
+    let largest = (0..counts.len()).max_by_key(|i| counts[*i]).unwrap_or(0);
+    counts[largest] += exact - assigned;
 }
 
 impl State {
@@ -98,6 +118,8 @@ pub(super) struct Worker {
     pub cancel: CancellationToken,
     /// Renews the mirror's leases for the worker's whole life, across sessions.
     pub keeper: Keeper,
+    /// The shortest distance to the peer measured in this worker's life (`plan::nearest`).
+    pub nearest: std::sync::Mutex<Option<std::time::Duration>>,
 }
 
 impl Worker {
@@ -236,5 +258,30 @@ impl Worker {
             let list: Vec<(String, usize)> = state.oversized.iter().map(|(k, v)| (k.clone(), *v)).collect();
             self.shared.update(|h| h.oversized = list);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rescale_counts;
+
+    #[test]
+    fn estimated_counts_scale_to_the_exact_total_each_keeping_its_share() {
+        let mut counts = vec![100, 300, 0];
+        rescale_counts(&mut counts, 440);
+        assert_eq!(counts.iter().sum::<i64>(), 440);
+        assert_eq!(counts, vec![110, 330, 0]);
+        let mut counts = vec![10, 11, 12];
+        rescale_counts(&mut counts, 10);
+        assert_eq!(counts.iter().sum::<i64>(), 10, "{counts:?}");
+        assert!(counts.iter().all(|c| *c >= 0), "{counts:?}");
+    }
+
+    #[test]
+    fn counts_with_no_estimate_are_spread_evenly() {
+        let mut counts = vec![0, 0, 0, 0];
+        rescale_counts(&mut counts, 10);
+        assert_eq!(counts.iter().sum::<i64>(), 10, "{counts:?}");
+        assert!(counts.iter().all(|c| *c >= 2), "{counts:?}");
     }
 }

@@ -139,6 +139,20 @@ pub fn distance(peer: Option<std::time::Duration>, local: Option<std::time::Dura
     peer.map(|p| p.saturating_sub(local.unwrap_or_default()))
 }
 
+/// The distance to take (pure): the shortest measured in the worker's life. A peer does not move
+/// closer, but a busy moment (a member electing, a loaded machine) makes one next door look far
+/// for a session, and taken for far it gets Txns in flight together: a consumer could then read
+/// states the origin never had.
+pub fn nearest(
+    so_far: Option<std::time::Duration>,
+    measured: Option<std::time::Duration>,
+) -> Option<std::time::Duration> {
+    match (so_far, measured) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
 /// Below this round trip the watch keeps one batch in flight: the peer is in the same region
 /// (or the measurement is a busy machine's noise), and revisions coalesce into few Txns.
 pub const WATCH_PIPELINE_FROM: std::time::Duration = std::time::Duration::from_millis(20);
@@ -494,6 +508,16 @@ mod tests {
         assert_eq!(distance(Some(ms(5)), Some(ms(9))), Some(ms(0)));
         assert_eq!(distance(Some(ms(50)), None), Some(ms(50)));
         assert_eq!(distance(None, Some(ms(1))), None);
+    }
+
+    #[test]
+    fn a_busy_moment_does_not_make_a_peer_next_door_far() {
+        let ms = std::time::Duration::from_millis;
+        assert_eq!(nearest(None, Some(ms(40))), Some(ms(40)), "the first measurement counts");
+        assert_eq!(nearest(Some(ms(2)), Some(ms(45))), Some(ms(2)), "a busy session stays next door");
+        assert_eq!(nearest(Some(ms(150)), Some(ms(148))), Some(ms(148)));
+        assert_eq!(nearest(Some(ms(3)), None), Some(ms(3)), "no answer: what was measured");
+        assert_eq!(nearest(None, None), None);
     }
 
     #[test]

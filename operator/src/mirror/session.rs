@@ -204,6 +204,7 @@ impl Worker {
         state.synced_once |= state.synced;
         state.resync_cause = resume.resync;
         state.origin_cluster_id = origin.cluster_id;
+        state.counts_estimated = state.synced;
         self.keep_alive(state);
         // The peer still lacks the values recorded as too large for it: said again by this
         // worker (a sync, if one follows, says which still are).
@@ -422,14 +423,15 @@ impl Worker {
             ..Default::default()
         };
         // The progress record as the predecessor left it, read in the Txn that fences it: no Txn
-        // of its lands after this one. What it sent past `applied` is then known; until this
-        // worker's own batches say more, the record says it is not.
+        // of its lands after this one, so what it sent past `applied` is known. The record stays
+        // as it is: every batch of this session records at least that much (see `pipeline.rs`),
+        // so a session that dies before any of its batches lands leaves its successor the same
+        // bound, not an unknown one that would make a successor next door coalesce, and split,
+        // everything up to the origin's head.
         let progress = keys::progress_key(origin);
-        let txn = Txn::new().when([owner_unchanged, checkpoint_unchanged, parts_unchanged]).and_then([
-            TxnOp::get(progress.as_str(), None),
-            TxnOp::put(key.as_str(), owner.encode(), None),
-            self.progress_op(applied, SENT_UNKNOWN),
-        ]);
+        let txn = Txn::new()
+            .when([owner_unchanged, checkpoint_unchanged, parts_unchanged])
+            .and_then([TxnOp::get(progress.as_str(), None), TxnOp::put(key.as_str(), owner.encode(), None)]);
         let resp = self.rpc("take ownership", crate::mirror::target::kv(peer).txn(txn)).await?;
         self.shared.detector_success();
         if !resp.succeeded() {

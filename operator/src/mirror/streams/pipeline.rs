@@ -21,6 +21,7 @@ use crate::mirror::leases::shards::Layout;
 use crate::mirror::plan::{
     MAX_WATCH_INFLIGHT_BYTES, MirrorOp, Revision, TxnLimits, WatchBatch, next_watch_batch, watch_linger,
 };
+use crate::mirror::records::checkpoint::SENT_UNKNOWN;
 use crate::mirror::streams::catch_up::{Absorbed, CatchUp};
 use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;
@@ -154,11 +155,14 @@ pub(in crate::mirror) struct Pipeline {
 
 impl Pipeline {
     /// A pipeline for a watch from `applied + 1`; `peer_may_hold_through` as for [`CatchUp::new`].
+    /// Every Txn records at least what the predecessor may have sent: a session that resumes
+    /// keeps the bound its successor will need, whatever it lands itself.
     pub fn new(applied: i64, peer_may_hold_through: Option<i64>) -> Self {
+        let predecessor_sent = peer_may_hold_through.filter(|through| *through != SENT_UNKNOWN).unwrap_or(applied);
         Pipeline {
             catch_up: CatchUp::new(peer_may_hold_through),
             through_dispatched: applied,
-            sent_through: applied,
+            sent_through: applied.max(predecessor_sent),
             applied,
             recorded: applied,
             ..Default::default()

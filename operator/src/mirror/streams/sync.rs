@@ -250,6 +250,7 @@ impl Worker {
         let retired = !state.retiring.is_empty();
         state.retiring.clear();
         state.keys = copy.counts;
+        state.counts_estimated = false;
         state.origin_cluster_id = origin_cluster_id;
         // Every key the origin holds was compared in this sync: it alone says which are too large,
         // and the checkpoint records them for a successor.
@@ -372,15 +373,17 @@ impl Worker {
         // Three of each at once: one round trip, not three.
         let (peer_best, local_best) = tokio::join!(self.fastest_round_trip(peer), self.fastest_round_trip(local));
         let first = distance(peer_best, local_best);
-        if first.is_none_or(|rtt| rtt < crate::mirror::plan::WATCH_PIPELINE_FROM) {
-            return first;
-        }
-        // Far, or a busy moment (a member electing, a loaded machine): asked again, the faster
-        // answer counts. Taken for far, a peer next door would get Txns in flight together, and a
-        // consumer could read states the origin never had.
-        let (peer_again, local_again) = tokio::join!(self.fastest_round_trip(peer), self.fastest_round_trip(local));
-        let again = distance(peer_again, local_again);
-        first.min(again.or(first))
+        let measured = if first.is_none_or(|rtt| rtt < crate::mirror::plan::WATCH_PIPELINE_FROM) {
+            first
+        } else {
+            // Far, or a busy moment (a member electing, a loaded machine): asked again, the
+            // faster answer counts, and the nearest of the worker's life (`plan::nearest`).
+            let (peer_again, local_again) = tokio::join!(self.fastest_round_trip(peer), self.fastest_round_trip(local));
+            first.min(distance(peer_again, local_again).or(first))
+        };
+        let mut nearest = self.nearest.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        *nearest = crate::mirror::plan::nearest(*nearest, measured);
+        *nearest
     }
 
     /// The next page of a subtree read page by page.

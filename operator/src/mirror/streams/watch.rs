@@ -11,7 +11,7 @@
 //! only once its last fragment has arrived. A watch that answers nothing, not even a progress
 //! request, for longer than the stall timeout is treated as broken, never as an idle subtree.
 use crate::keys;
-use crate::mirror::context::{State, Worker};
+use crate::mirror::context::{State, Worker, rescale_counts};
 use crate::mirror::health::{MirrorEvent, Phase, ResyncCause};
 use crate::mirror::leases::keeper::KeeperSignal;
 use crate::mirror::leases::shards::{MAX_DEPTH, outgrown, overfull_shards};
@@ -23,9 +23,10 @@ use crate::mirror::streams::pipeline::{Dispatch, Gate, Landed, Next, Outcome, Pi
 use crate::mirror::streams::split::{Advance, Split, StepDone};
 use crate::mirror::streams::spread::Spread;
 use crate::mirror::streams::sync::{RESERVED_REQUEST_BYTES, page_kvs};
+use crate::mirror::target::kv;
 use crate::mirror::verify::{advance, page_range, repairs};
 use anyhow::{Context, anyhow};
-use etcd_client::{Client, EventType, WatchOptions, WatchResponse, WatchStream};
+use etcd_client::{Client, EventType, GetOptions, WatchOptions, WatchResponse, WatchStream};
 use std::pin::Pin;
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::mpsc;
@@ -117,6 +118,9 @@ struct Watching {
     /// Txns sent before the split's layout took effect: the split lists its old lease once they
     /// landed.
     split_barrier: u64,
+    /// Resumed from the records: the key counts are the checkpoint's, made exact at the first
+    /// quiet moment (`recount`).
+    recount_due: bool,
 }
 
 impl Worker {
@@ -223,6 +227,7 @@ impl Worker {
             splitting: None,
             recording: None,
             split_barrier: 0,
+            recount_due: state.counts_estimated,
         })
     }
 
@@ -528,6 +533,11 @@ impl Worker {
                 h.pending_since = None;
             });
         }
+        let quiet = w.pipeline.quiet() && !w.pipeline.catching_up() && !w.pipeline.split_open();
+        if w.recount_due && quiet && w.splitting.is_none() {
+            w.recount_due = false;
+            self.recount(local, state, w.pipeline.applied()).await;
+        }
         let verify_now = verify_now(w);
         if verify_now && !w.pipeline.in_flight() {
             w.verify.due = false;
@@ -551,6 +561,37 @@ impl Worker {
         }
         self.send_batches(w, peer, spread, state, verify_now);
         Ok(None)
+    }
+
+    /// Makes the key counts of a session resumed from the records exact. The checkpoint's counts
+    /// lag the peer's by up to the drift a shard may have before it is recorded (an eighth of the
+    /// cap), and a catch-up counts again what the predecessor had landed; at a quiet moment the
+    /// peer holds exactly the origin's subtree at the applied revision, less the values left
+    /// out, so the origin's count there is the peer's. A count that fails leaves the estimates.
+    async fn recount(&self, local: &Client, state: &mut State, applied: i64) {
+        let prefix = keys::region_prefix(&self.config.origin);
+        let options = GetOptions::new().with_prefix().with_count_only().with_revision(applied);
+        let counted = match self.rpc("count the origin's keys", kv(local).get(prefix.as_str(), Some(options))).await {
+            Ok(response) => response.count(),
+            Err(e) => {
+                debug!(error = %format!("{e:#}"), "the origin's keys could not be counted; the counts stay the checkpoint's");
+                return;
+            }
+        };
+        state.counts_estimated = false;
+        let exact = (counted - state.oversized.len() as i64).max(0);
+        let estimated = state.keys.iter().sum::<i64>();
+        if exact == estimated {
+            return;
+        }
+        debug!(estimated, exact, "the resumed session's key counts made exact");
+        rescale_counts(&mut state.keys, exact);
+        for shard in 0..state.keys.len() {
+            if state.count_drifted(shard) {
+                state.drifted.insert(shard);
+            }
+        }
+        self.shared.update(|h| h.keys = exact);
     }
 
     /// A shard past the cap splits, online, beside the watch; otherwise counts that drifted from

@@ -3,6 +3,7 @@
 //! than the peer holds (nor less than it may hold), the applied revision never runs ahead of the
 //! peer, and with every answer given the peer ends equal to the origin.
 use super::*;
+use crate::mirror::records::checkpoint::SENT_UNKNOWN;
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 
@@ -156,6 +157,25 @@ fn a_resumed_watch_sends_nothing_until_it_caught_up() {
     assert!(pipeline.delivered_through(12), "12 is as far as the predecessor may have sent");
     let merged = send(&mut pipeline, gate(8, 8));
     assert_eq!(merged.ops, vec![put("a", "2")], "each key's newest write only");
+}
+
+#[test]
+fn a_resumed_session_records_at_least_what_its_predecessor_may_have_sent() {
+    // The predecessor recorded 10 complete and may have sent up to 14; the origin is at 20.
+    let mut pipeline = Pipeline::new(10, Some(14));
+    pipeline.started(20);
+    let now = SystemTime::now();
+    pipeline.receive(12, put("a", "12"), 0, 0, now);
+    assert_eq!(pipeline.give_up_catch_up(), Some(1), "the pending bounds cut the catch-up short at 12");
+    let first = send(&mut pipeline, gate(1, 8));
+    assert_eq!((first.progress, first.sent_through), (12, 14), "still bounds what the predecessor may have landed");
+    // Unknown (no record, or one of an earlier version): the catch-up's own Txns say.
+    let mut unknown = Pipeline::new(10, Some(SENT_UNKNOWN));
+    unknown.started(20);
+    unknown.receive(12, put("a", "12"), 0, 0, now);
+    assert!(unknown.delivered_through(20));
+    let merged = send(&mut unknown, gate(1, 8));
+    assert_eq!((merged.progress, merged.sent_through), (12, 12));
 }
 
 #[test]
