@@ -39,7 +39,8 @@ async fn main() -> anyhow::Result<()> {
     // `aether-bench [scenario...]`: sync, catchup, steady, leases, keepalive, drain, operator, fanout, verify, mesh, scale,
     // wan (sync, catch-up and steady with the peer behind a 50 and a 150 ms proxy); all by default.
     // `wan-sync`, `wan-catchup` and `wan-steady` (never by default) run only those rows of `wan`; `auth-1m` (never by
-    // default) syncs 1M keys under least-privilege auth.
+    // default) syncs 1M keys under least-privilege auth; `wan-1m` (never by default) syncs 1M keys
+    // into a peer 150 ms away and hands them off.
     // AETHER_BENCH_LOG (a tracing filter, e.g. `aether_operator=debug`): the workers' logs on
     // stderr, to see where a scenario's time goes.
     if let Ok(filter) = std::env::var("AETHER_BENCH_LOG") {
@@ -109,6 +110,10 @@ async fn main() -> anyhow::Result<()> {
         for rtt in [Duration::from_millis(50), Duration::from_millis(150)] {
             bench_catchup(&mut table, rtt).await?;
         }
+    }
+    // 1M keys 150 ms away, sync and handoff: a few minutes, only when asked.
+    if only.iter().any(|o| o == "wan-1m") {
+        sync::bench_wan_million(&mut table, Duration::from_millis(150)).await?;
     }
     if only.iter().any(|o| o == "wan-steady") {
         for rtt in [Duration::from_millis(50), Duration::from_millis(150)] {

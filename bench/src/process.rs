@@ -59,14 +59,24 @@ impl WorkerProcess {
         Self::start_as(None, origin, peers)
     }
 
+    /// A successor of `start`'s workers: the same settings under another owner, so that it
+    /// takes the mirrors over (a handoff) instead of resuming them as their own.
+    pub fn start_successor(origin: &str, peers: &[(String, String)]) -> anyhow::Result<Self> {
+        Self::spawn(&["--successor"], origin, peers)
+    }
+
     /// With `region`, the workers mirror that region's subtree with the CRD's defaults (TTL 30 s,
     /// keepalive 10 s, verification on), as an operator of that region would.
     pub fn start_as(region: Option<&str>, origin: &str, peers: &[(String, String)]) -> anyhow::Result<Self> {
-        let mut cmd = Command::new(std::env::current_exe()?);
-        cmd.arg("worker");
-        if let Some(region) = region {
-            cmd.arg("--region").arg(region);
+        match region {
+            Some(region) => Self::spawn(&["--region", region], origin, peers),
+            None => Self::spawn(&[], origin, peers),
         }
+    }
+
+    fn spawn(flags: &[&str], origin: &str, peers: &[(String, String)]) -> anyhow::Result<Self> {
+        let mut cmd = Command::new(std::env::current_exe()?);
+        cmd.arg("worker").args(flags);
         cmd.arg(origin);
         for (name, endpoint) in peers {
             cmd.arg(format!("{name}={endpoint}"));
@@ -90,14 +100,24 @@ impl WorkerProcess {
 
     /// Time from start until every peer reported its initial sync complete.
     pub fn wait_synced(&mut self) -> anyhow::Result<Duration> {
-        let mut synced = 0;
+        Ok(self.wait_synced_counting()?.0)
+    }
+
+    /// Time from start until every peer reported it holds the mirror synced, and the resyncs
+    /// they reported by then.
+    pub fn wait_synced_counting(&mut self) -> anyhow::Result<(Duration, u64)> {
+        let (mut synced, mut resyncs) = (0, 0);
         while synced < self.peers {
-            match self.lines.next() {
-                Some(line) => synced += usize::from(line?.starts_with("synced")),
-                None => anyhow::bail!("the worker process exited before every peer synced"),
+            let Some(line) = self.lines.next() else {
+                anyhow::bail!("the worker process exited before every peer synced");
+            };
+            let line = line?;
+            if line.starts_with("synced") {
+                synced += 1;
+                resyncs += line.rsplit(' ').next().and_then(|n| n.parse::<u64>().ok()).unwrap_or(0);
             }
         }
-        Ok(self.started.elapsed())
+        Ok((self.started.elapsed(), resyncs))
     }
 
     pub fn peak_kb(&self) -> u64 {
@@ -119,18 +139,22 @@ impl Drop for WorkerProcess {
     }
 }
 
-/// The mirror under test, as a process: `worker [--region <r>] <origin> <peer>=<endpoint>...`.
-/// Prints "synced <peer>" for each peer once its initial sync is complete, then keeps running.
+/// The mirror under test, as a process: `worker [--region <r> | --successor] <origin>
+/// <peer>=<endpoint>...`. Prints "synced <peer> resyncs <n>" for each peer once it holds the
+/// mirror synced (its initial sync complete, or a predecessor's adopted), then keeps running.
 pub async fn worker_process(args: &[String]) -> anyhow::Result<()> {
-    let (region, args) = match args {
-        [flag, region, rest @ ..] if flag == "--region" => (Some(region.clone()), rest),
-        _ => (None, args),
+    let (region, successor, args) = match args {
+        [flag, region, rest @ ..] if flag == "--region" => (Some(region.clone()), false, rest),
+        [flag, rest @ ..] if flag == "--successor" => (None, true, rest),
+        _ => (None, false, args),
     };
     let origin =
         args.first().ok_or_else(|| anyhow::anyhow!("usage: worker [--region <r>] <origin> <peer>=<endpoint>..."))?;
     let mut handles = Vec::new();
     // One verification budget for all the workers of the origin, as the operator has.
     let budget = std::sync::Arc::new(mirror::VerifyBudget::new(mirror::DEFAULT_VERIFY_KEYS_PER_SECOND));
+    // And how many peers it mirrors into, for each worker's share of a peer etcd's connections.
+    let peers = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(args.len().saturating_sub(1)));
     for spec in &args[1..] {
         let (peer, endpoint) = spec.split_once('=').ok_or_else(|| anyhow::anyhow!("peer as region=endpoint"))?;
         let (tx, rx) = tokio::sync::mpsc::channel(1024);
@@ -140,8 +164,12 @@ pub async fn worker_process(args: &[String]) -> anyhow::Result<()> {
             mirror::spawn(
                 MirrorConfig {
                     verify_budget: budget.clone(),
+                    origin_peers: peers.clone(),
                     ..match &region {
                         Some(region) => MirrorConfig::new(region, peer, &format!("mesh-{region}-{peer}")),
+                        None if successor => {
+                            MirrorConfig { owner_id: format!("bench-{peer}-successor"), ..bench_config(peer) }
+                        }
                         None => bench_config(peer),
                     }
                 },
@@ -153,7 +181,7 @@ pub async fn worker_process(args: &[String]) -> anyhow::Result<()> {
     }
     for (peer, h) in &handles {
         wait_synced(h, Duration::from_secs(600)).await?;
-        println!("synced {peer}");
+        println!("synced {peer} resyncs {}", h.health().resyncs);
     }
     std::future::pending::<()>().await;
     Ok(())

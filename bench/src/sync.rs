@@ -164,12 +164,18 @@ pub async fn bench_wan_sync(table: &mut Table, rtt: Duration) -> anyhow::Result<
         } else {
             format!("; {:.0} % of next door's rate", 100.0 * rates[1] / rates[0])
         };
+        // The serial round trips before the first key: its time over the round trip (the
+        // sampler reads the peer every 20 ms, so up to a seventh of one at 150 ms is the reading).
+        let round_trips = match delay.is_zero() {
+            true => String::new(),
+            false => format!(" ({:.1} round trips)", setup.as_secs_f64() / delay.as_secs_f64()),
+        };
         table.row_with(
             &scenario,
             "this mirror (in process)",
             format!("{:.0} keys/s", rates.last().copied().unwrap_or(0.0)),
             format!(
-                "{:.2}s{}{vs}; first key after {:.2}s, then {copy_rate:.0} keys/s (10-90 %), window {} Txns over {connections} connection(s)",
+                "{:.2}s{}{vs}; first key after {:.2}s{round_trips}, then {copy_rate:.0} keys/s (10-90 %), window {} Txns over {connections} connection(s)",
                 elapsed.as_secs_f64(),
                 if finished { "" } else { " (did not finish)" },
                 setup.as_secs_f64(),
@@ -178,6 +184,7 @@ pub async fn bench_wan_sync(table: &mut Table, rtt: Duration) -> anyhow::Result<
             serde_json::json!({
                 "keys": SYNC_KEYS, "rtt_ms": delay.as_millis() as u64, "seconds": elapsed.as_secs_f64(),
                 "missing": SYNC_KEYS as i64 - done, "first_key_s": setup.as_secs_f64(), "copy_keys_per_s": copy_rate,
+                "first_key_round_trips": if delay.is_zero() { 0.0 } else { setup.as_secs_f64() / delay.as_secs_f64() },
                 "connections": connections,
             }),
         );
@@ -332,4 +339,67 @@ impl Landing {
         };
         (first, copy_rate)
     }
+}
+
+/// A million keys into a peer `rtt` away, the mirror as its own process: the sync until the
+/// canary says synced (peak RSS), then a handoff: the worker killed and a successor under another
+/// owner started, which adopts the predecessor's leases (time until it holds the mirror, its
+/// peak RSS, the resyncs it needed).
+pub async fn bench_wan_million(table: &mut Table, rtt: Duration) -> anyhow::Result<()> {
+    const KEYS: usize = 1_000_000;
+    println!("sync {KEYS} keys into a peer {rtt:?} away, then a handoff");
+    let quota = ["--quota-backend-bytes", "8589934592"];
+    let prefix = keys::region_prefix("a");
+    let origin = EtcdServer::start_with("wm-a", EtcdFlavor::Default, &quota).await?;
+    let oc = Client::connect([origin.endpoint()], None).await?;
+    fill(&oc, KEYS, "wm").await?;
+    let peer = EtcdServer::start_with("wm-b", EtcdFlavor::Default, &quota).await?;
+    let (_proxy, endpoint) = behind(&peer, rtt).await?;
+    let specs = vec![("p0".to_string(), endpoint)];
+    let pc = Client::connect([peer.endpoint()], None).await?;
+    let mut first = WorkerProcess::start(&origin.endpoint(), &specs)?;
+    let landing = Landing::sample(pc.clone(), prefix.clone(), KEYS);
+    let synced = first.wait_synced()?;
+    let (first_key, copy_rate) = landing.stop(KEYS);
+    let peak = first.peak_kb();
+    let missing = KEYS as i64 - count(&pc, &prefix).await;
+    let recorded = checkpoint_footprint(&pc, "a").await?;
+    table.row_with(
+        &format!("sync {KEYS} keys{}", at_rtt(rtt)),
+        "this mirror (own process)",
+        format!("{:.0} keys/s", rate(KEYS, synced)),
+        format!(
+            "canary after {:.1}s; first key after {:.2}s ({:.1} round trips), then {copy_rate:.0} keys/s (10-90 %); peak RSS {:.1} MiB; {missing} keys missing; checkpoint {} B in {} part(s)",
+            synced.as_secs_f64(),
+            first_key.unwrap_or(synced).as_secs_f64(),
+            first_key.unwrap_or(synced).as_secs_f64() / rtt.as_secs_f64(),
+            peak as f64 / 1024.0,
+            recorded.1,
+            recorded.0,
+        ),
+        serde_json::json!({
+            "keys": KEYS, "rtt_ms": rtt.as_millis() as u64, "canary_s": synced.as_secs_f64(),
+            "first_key_s": first_key.map(|t| t.as_secs_f64()), "peak_rss_mib": peak as f64 / 1024.0, "missing": missing,
+        }),
+    );
+    // The handoff: killed, as a crashed Pod is; its leases stay alive only until their TTL.
+    drop(first);
+    let mut successor = WorkerProcess::start_successor(&origin.endpoint(), &specs)?;
+    let (adopted, resyncs) = successor.wait_synced_counting()?;
+    let successor_peak = successor.peak_kb();
+    let missing_after = KEYS as i64 - count(&pc, &prefix).await;
+    table.row_with(
+        &format!("handoff of {KEYS} keys{}", at_rtt(rtt)),
+        "this mirror (own process, killed; a successor under another owner)",
+        format!("{:.2} s", adopted.as_secs_f64()),
+        format!(
+            "until the successor held the mirror synced, from its start; {resyncs} resync(s); its peak RSS {:.1} MiB; {missing_after} keys missing on the peer after",
+            successor_peak as f64 / 1024.0,
+        ),
+        serde_json::json!({
+            "keys": KEYS, "rtt_ms": rtt.as_millis() as u64, "adopted_s": adopted.as_secs_f64(), "resyncs": resyncs,
+            "peak_rss_mib": successor_peak as f64 / 1024.0, "missing": missing_after,
+        }),
+    );
+    Ok(())
 }

@@ -8,7 +8,8 @@ use aether_harness::{ClusterOptions, EtcdCluster, EtcdFlavor, EtcdServer, FaultP
 use aether_operator::keys;
 use aether_operator::mirror::{self, EtcdTarget, MirrorConfig, MirrorEvent, MirrorHandle, Phase};
 use etcd_client::{Client, EventType, Txn, TxnOp, WatchOptions};
-use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use support::consumer::{Consistency, Consumer};
 use support::etcd::*;
@@ -314,6 +315,38 @@ async fn a_least_privilege_user_over_mtls_syncs_into_a_peer_150ms_away_over_seve
     write_keys(&mut o, "a", 2500..6000, "v2").await;
     converged(&o, &root, "a", DEADLINE).await;
     assert_eq!(handle.health().resyncs, 0, "no resync");
+    handle.shutdown().await;
+}
+
+/// A region of a 32-region mesh is one of 31 writing into each peer etcd: a burst to a far peer
+/// spreads over its share of that etcd's connections (`plan::spread_cap`: 4), not the 16 a
+/// worker alone takes, and still lands whole.
+#[tokio::test]
+async fn a_worker_of_a_large_mesh_spreads_a_burst_over_only_its_share_of_the_peers_connections() {
+    let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdCluster::start("b", 3)).unwrap();
+    let (_proxies, far) = far_members(&peer, Duration::from_millis(150), "http").await;
+    let o = connect(&[origin.endpoint()], None).await;
+    let p = connect(&peer.endpoints(), None).await;
+    let config = MirrorConfig { origin_peers: Arc::new(AtomicUsize::new(31)), ..config("w1") };
+    let (handle, _e) = start(config, EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain(far));
+    wait_synced(&handle).await;
+    // Every connection count the worker reports, from now on.
+    let (mut health, most) = (handle.subscribe(), Arc::new(AtomicUsize::new(0)));
+    let watching = tokio::spawn({
+        let most = most.clone();
+        async move {
+            while health.changed().await.is_ok() {
+                most.fetch_max(health.borrow().peer_connections, Ordering::SeqCst);
+            }
+        }
+    });
+    burst(&o, 0..8_000).await;
+    converged(&o, &p, "a", DEADLINE).await;
+    wait_health(&handle, "the watch spread over more connections", |h| h.peer_connections > 1).await;
+    assert_eq!(handle.health().resyncs, 0, "no resync");
+    let most = most.load(Ordering::SeqCst).max(handle.health().peer_connections);
+    assert!(most <= 4, "the burst spread over {most} connections; its share of the peer's is 4");
+    watching.abort();
     handle.shutdown().await;
 }
 

@@ -60,8 +60,8 @@ pub struct Context {
     announced: Mutex<std::collections::HashSet<String>>,
     /// The local etcd cluster id of each object, once seen.
     cluster_ids: Mutex<HashMap<String, u64>>,
-    /// Each object's verification budget, shared by its workers.
-    budgets: Mutex<HashMap<String, Arc<mirror::VerifyBudget>>>,
+    /// What each object's workers share.
+    budgets: Mutex<HashMap<String, Shares>>,
     /// Warnings published lately: (object, reason, note) -> when.
     warned: Mutex<HashMap<(String, String, String), Instant>>,
 }
@@ -490,20 +490,34 @@ pub(crate) async fn resolve_connection(
     access(connection, secret.as_ref())
 }
 
-/// The object's verification budget: one for all its workers, replaced when its rate changes.
-fn verify_budget(ctx: &Context, key: &str, spec: &RegionPeeringSpec) -> Arc<mirror::VerifyBudget> {
-    let rate = spec.sync.verify_keys_per_second.max(0) as u64;
-    let mut budgets = ctx.budgets.lock().expect("lock");
-    let budget = budgets.entry(key.to_string()).or_insert_with(|| Arc::new(mirror::VerifyBudget::new(rate)));
-    if budget.keys_per_second() != rate {
-        *budget = Arc::new(mirror::VerifyBudget::new(rate));
-    }
-    budget.clone()
+/// What the workers of one object share.
+#[derive(Clone)]
+struct Shares {
+    /// The verification budget.
+    verify: Arc<mirror::VerifyBudget>,
+    /// How many peers they mirror into, for their share of each peer etcd's connections.
+    peers: Arc<std::sync::atomic::AtomicUsize>,
 }
 
-fn mirror_config(spec: &RegionPeeringSpec, peer: &str, owner: &str, budget: Arc<mirror::VerifyBudget>) -> MirrorConfig {
+/// The object's shares: one for all its workers; the budget replaced when its rate changes, the
+/// peer count kept current for the workers already running.
+fn shares(ctx: &Context, key: &str, spec: &RegionPeeringSpec) -> Shares {
+    let rate = spec.sync.verify_keys_per_second.max(0) as u64;
+    let mut budgets = ctx.budgets.lock().expect("lock");
+    let shares = budgets
+        .entry(key.to_string())
+        .or_insert_with(|| Shares { verify: Arc::new(mirror::VerifyBudget::new(rate)), peers: Default::default() });
+    if shares.verify.keys_per_second() != rate {
+        shares.verify = Arc::new(mirror::VerifyBudget::new(rate));
+    }
+    shares.peers.store(spec.peers.len(), std::sync::atomic::Ordering::Relaxed);
+    shares.clone()
+}
+
+fn mirror_config(spec: &RegionPeeringSpec, peer: &str, owner: &str, shares: Shares) -> MirrorConfig {
     let mut c = MirrorConfig::new(&spec.region, peer, owner);
-    c.verify_budget = budget;
+    c.verify_budget = shares.verify;
+    c.origin_peers = shares.peers;
     c.lease_ttl_seconds = spec.lease.ttl_seconds;
     c.keepalive_interval = Duration::from_secs(spec.lease.keepalive_interval_seconds.max(1) as u64);
     c.max_keys_per_lease = spec.lease.max_keys_per_lease.max(1) as u64;
@@ -536,7 +550,7 @@ fn start_worker(
     remote: Access,
 ) {
     let owner = format!("{}/{:08x}", ctx.settings.identity, rand::random::<u32>());
-    let mut config = mirror_config(&rp.spec, peer, &owner, verify_budget(ctx, key, &rp.spec));
+    let mut config = mirror_config(&rp.spec, peer, &owner, shares(ctx, key, &rp.spec));
     config.object = Some(owning_object(ctx, rp));
     let (tx, mut rx) = tokio::sync::mpsc::channel::<MirrorEvent>(256);
     let handle = mirror::spawn(config, local.target, remote.target, tx);
@@ -737,7 +751,7 @@ mod tests {
 
     #[test]
     fn the_crds_defaults_are_the_workers_and_the_linger_is_honoured() {
-        let budget = || Arc::new(mirror::VerifyBudget::new(1_000));
+        let budget = || Shares { verify: Arc::new(mirror::VerifyBudget::new(1_000)), peers: Default::default() };
         let defaults = mirror_config(&spec(serde_json::json!({})), "b", "w", budget());
         let worker = MirrorConfig::new("a", "b", "w");
         assert_eq!(defaults.watch_linger, worker.watch_linger);

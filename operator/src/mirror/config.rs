@@ -1,6 +1,7 @@
 //! A worker's settings; `MirrorConfig::new` has the CRD's defaults.
 use super::verify::VerifyBudget;
 use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
 /// The CRD's default verification budget of one origin, in keys a second: a peer's copy of 1,000
@@ -52,6 +53,10 @@ pub struct MirrorConfig {
     /// The verification reads this worker shares with the other workers of its origin
     /// (`spec.sync.verifyKeysPerSecond`); `new` gives each worker its own.
     pub verify_budget: Arc<VerifyBudget>,
+    /// How many peers the origin mirrors into (its object's workers), shared by those workers and
+    /// kept current by the controller: in a full mesh as many regions write into each peer etcd,
+    /// and they share its connections (`plan::spread_cap`). `new` counts one.
+    pub origin_peers: Arc<AtomicUsize>,
     /// How long a far peer's batch that is not full waits for more revisions while others are in
     /// flight (see `plan::watch_linger`).
     pub watch_linger: Duration,
@@ -86,6 +91,7 @@ impl MirrorConfig {
             verify_interval: Duration::from_secs(5),
             verify_page_size: 1000,
             verify_budget: Arc::new(VerifyBudget::new(DEFAULT_VERIFY_KEYS_PER_SECOND)),
+            origin_peers: Arc::new(AtomicUsize::new(1)),
             watch_linger: super::plan::WATCH_LINGER,
             checkpoint_shards_per_part: super::records::checkpoint::SHARDS_PER_PART,
         }

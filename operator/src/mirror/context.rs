@@ -73,6 +73,12 @@ pub(super) struct State {
     /// The key counts are the checkpoint's (resumed from the records), not counted by a sync: the
     /// watch makes them exact at its first quiet moment (`Worker::recount`).
     pub counts_estimated: bool,
+    /// Leases granted beside the Txn that took ownership, for the sync that follows (when each
+    /// was asked for: its TTL runs from then); `lay_out` takes them before granting more, and
+    /// those it does not take hold no key and lapse.
+    pub granted_ahead: Vec<(i64, std::time::Instant)>,
+    /// The peer's distance, measured beside the session's first steps for its first sync.
+    pub distance_ahead: Option<tokio::task::JoinHandle<Option<std::time::Duration>>>,
 }
 
 /// How far a shard's count may move from the recorded one before it is recorded again: an eighth
@@ -190,6 +196,12 @@ impl Worker {
     pub(super) fn limits(&self, state: &State) -> TxnLimits {
         let ops = state.txn_ops_cap.unwrap_or(self.config.max_txn_ops).min(self.config.max_txn_ops);
         TxnLimits::for_peer(ops, self.config.max_txn_bytes, 3, 1024)
+    }
+
+    /// The most connections this worker spreads its Txns over: its share of the peer etcd's
+    /// budget among the regions writing into it (`plan::spread_cap`).
+    pub(super) fn spread_cap(&self) -> usize {
+        crate::mirror::plan::spread_cap(self.config.origin_peers.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     /// Bounds an etcd call by the RPC timeout.

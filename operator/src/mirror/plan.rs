@@ -238,13 +238,25 @@ pub const TXNS_PER_CONNECTION: usize = 4;
 /// The most connections a session opens to the peer.
 pub const MAX_PEER_CONNECTIONS: usize = 16;
 
+/// The connections the mirrors writing into one etcd may spread their Txns over, together: in a
+/// full mesh of N regions, N-1 workers write into each etcd, and a mesh restarting at once
+/// brought up to 488 client connections onto one etcd at 32 regions with 16 each.
+pub const PEER_SPREAD_BUDGET: usize = 128;
+
+/// The most connections one worker spreads its Txns over (pure): `PEER_SPREAD_BUDGET` shared by
+/// the `peers` its origin mirrors into (in a full mesh, as many regions write into each peer),
+/// at least the session's own, at most `MAX_PEER_CONNECTIONS`.
+pub fn spread_cap(peers: usize) -> usize {
+    (PEER_SPREAD_BUDGET / peers.max(1)).clamp(1, MAX_PEER_CONNECTIONS)
+}
+
 /// Connections to spread `in_flight` Txns over (pure): the session's own next door (a peer less
 /// than `WATCH_PIPELINE_FROM` away: a busy machine's noise is not distance, and under auth every
 /// connection costs the peer a password check); across distance one per
-/// `TXNS_PER_CONNECTION` Txns in flight, at most `MAX_PEER_CONNECTIONS`.
-pub fn spread_connections(distance: Option<std::time::Duration>, in_flight: usize) -> usize {
+/// `TXNS_PER_CONNECTION` Txns in flight, at most `cap` (`spread_cap`).
+pub fn spread_connections(distance: Option<std::time::Duration>, in_flight: usize, cap: usize) -> usize {
     match distance {
-        Some(d) if d >= WATCH_PIPELINE_FROM => in_flight.div_ceil(TXNS_PER_CONNECTION).clamp(1, MAX_PEER_CONNECTIONS),
+        Some(d) if d >= WATCH_PIPELINE_FROM => in_flight.div_ceil(TXNS_PER_CONNECTION).clamp(1, cap.max(1)),
         _ => 1,
     }
 }
@@ -443,8 +455,14 @@ pub fn enforce_request_limit(op: MirrorOp, max_request_bytes: usize, reserved: u
 /// Connections the watch wants open (pure): those open while they carry its Txns in flight;
 /// once the Txns outgrow them (a burst began), as many as its whole depth can use at once:
 /// opened a few at a time, each step took round trips while the burst waited.
-pub fn watch_connections(distance: Option<std::time::Duration>, in_flight: usize, depth: usize, open: usize) -> usize {
-    if spread_connections(distance, in_flight) > open { spread_connections(distance, depth) } else { open }
+pub fn watch_connections(
+    distance: Option<std::time::Duration>,
+    in_flight: usize,
+    depth: usize,
+    open: usize,
+    cap: usize,
+) -> usize {
+    if spread_connections(distance, in_flight, cap) > open { spread_connections(distance, depth, cap) } else { open }
 }
 
 #[cfg(test)]
@@ -534,25 +552,48 @@ mod tests {
     #[test]
     fn a_far_peer_gets_its_txns_over_several_connections() {
         let ms = std::time::Duration::from_millis;
-        assert_eq!(spread_connections(None, 4), 1, "distance unknown: the session's connection");
-        assert_eq!(spread_connections(Some(ms(3)), 6), 1, "a busy machine's noise is not distance");
-        assert_eq!(spread_connections(Some(ms(50)), sync_window(4, Some(ms(50)))), 11);
-        assert_eq!(spread_connections(Some(ms(150)), sync_window(4, Some(ms(150)))), MAX_PEER_CONNECTIONS);
-        assert_eq!(spread_connections(Some(ms(20)), 1), 1);
-        assert_eq!(spread_connections(Some(ms(150)), 0), 1, "nothing in flight: the session's connection");
-        assert_eq!(spread_connections(Some(ms(150)), 5), 2);
+        let cap = spread_cap(1);
+        assert_eq!(spread_connections(None, 4, cap), 1, "distance unknown: the session's connection");
+        assert_eq!(spread_connections(Some(ms(3)), 6, cap), 1, "a busy machine's noise is not distance");
+        assert_eq!(spread_connections(Some(ms(50)), sync_window(4, Some(ms(50))), cap), 11);
+        assert_eq!(spread_connections(Some(ms(150)), sync_window(4, Some(ms(150))), cap), MAX_PEER_CONNECTIONS);
+        assert_eq!(spread_connections(Some(ms(20)), 1, cap), 1);
+        assert_eq!(spread_connections(Some(ms(150)), 0, cap), 1, "nothing in flight: the session's connection");
+        assert_eq!(spread_connections(Some(ms(150)), 5, cap), 2);
+    }
+
+    #[test]
+    fn the_writers_of_one_etcd_share_its_connection_budget() {
+        let ms = std::time::Duration::from_millis;
+        assert_eq!(spread_cap(0), MAX_PEER_CONNECTIONS, "no peer known: one worker");
+        assert_eq!(spread_cap(4), MAX_PEER_CONNECTIONS, "a small mesh: each worker its most");
+        assert_eq!(spread_cap(31), 4, "32 regions: 31 writers into each etcd");
+        assert_eq!(spread_cap(63), 2);
+        assert_eq!(spread_cap(500), 1, "at least the session's own connection");
+        let far = sync_window(4, Some(ms(150)));
+        assert_eq!(spread_connections(Some(ms(150)), far, spread_cap(31)), 4);
+        for peers in 1..=600 {
+            let per_etcd = peers * spread_connections(Some(ms(150)), far, spread_cap(peers));
+            assert!(
+                per_etcd <= PEER_SPREAD_BUDGET.max(peers),
+                "{peers} writers spread over {per_etcd} connections into one etcd"
+            );
+        }
     }
 
     #[test]
     fn a_burst_opens_what_the_whole_watch_depth_can_use_at_once() {
         let ms = std::time::Duration::from_millis;
         let depth = watch_depth(Some(ms(150)));
-        assert_eq!(watch_connections(Some(ms(150)), 4, depth, 1), 1, "one connection carries 4 Txns");
-        assert_eq!(watch_connections(Some(ms(150)), 5, depth, 1), MAX_PEER_CONNECTIONS);
-        assert_eq!(watch_connections(Some(ms(150)), 151, depth, MAX_PEER_CONNECTIONS), MAX_PEER_CONNECTIONS);
-        assert_eq!(watch_connections(Some(ms(5)), 1, 1, 1), 1, "next door: the session's connection");
-        assert_eq!(watch_connections(Some(ms(50)), 30, watch_depth(Some(ms(50))), 2), 13);
+        let cap = spread_cap(1);
+        assert_eq!(watch_connections(Some(ms(150)), 4, depth, 1, cap), 1, "one connection carries 4 Txns");
+        assert_eq!(watch_connections(Some(ms(150)), 5, depth, 1, cap), MAX_PEER_CONNECTIONS);
+        assert_eq!(watch_connections(Some(ms(150)), 151, depth, MAX_PEER_CONNECTIONS, cap), MAX_PEER_CONNECTIONS);
+        assert_eq!(watch_connections(Some(ms(5)), 1, 1, 1, cap), 1, "next door: the session's connection");
+        assert_eq!(watch_connections(Some(ms(50)), 30, watch_depth(Some(ms(50))), 2, cap), 13);
+        assert_eq!(watch_connections(Some(ms(150)), 5, depth, 1, spread_cap(31)), 4, "a large mesh: its share");
     }
+
     use proptest::prelude::*;
     use std::collections::BTreeMap;
 

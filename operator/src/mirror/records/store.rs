@@ -17,14 +17,21 @@ pub struct Records {
     pub revision: i64,
     /// The peer etcd's cluster id.
     pub cluster_id: u64,
+    /// Whether the peer holds no key of the origin's copy: without a checkpoint, no lease a key
+    /// sits on has to be looked for before anything else (a round trip less for a new mirror).
+    pub copy_empty: bool,
 }
 
-/// The owner, checkpoint and progress records, read at one revision.
+/// The owner, checkpoint and progress records, and whether the peer holds any key of the
+/// origin's copy, read at one revision.
 pub async fn read_records(peer: &Client, origin: &str) -> Result<Records, etcd_client::Error> {
+    let copy = keys::region_prefix(origin);
+    let any_key = GetOptions::new().with_range(keys::prefix_range_end(copy.as_bytes())).with_keys_only().with_limit(1);
     let txn = Txn::new().and_then([
         TxnOp::get(keys::owner_key(origin), None),
         TxnOp::get(keys::checkpoint_key(origin), None),
         TxnOp::get(keys::progress_key(origin), None),
+        TxnOp::get(copy, Some(any_key)),
     ]);
     let mut kv = crate::mirror::target::kv(peer);
     let resp = kv.txn(txn).await?;
@@ -35,6 +42,8 @@ pub async fn read_records(peer: &Client, origin: &str) -> Result<Records, etcd_c
         _ => None,
     });
     let (owner, checkpoint, progress) = (gets.next().flatten(), gets.next().flatten(), gets.next().flatten());
+    // A peer that answered without the fourth read counts as holding keys: they are looked for.
+    let copy_empty = matches!(gets.next(), Some(None));
     let header = checkpoint.and_then(|(_, v)| Checkpoint::decode(&v));
     let (checkpoint, stored) = complete(&mut kv, origin, header, revision).await?;
     Ok(Records {
@@ -44,6 +53,7 @@ pub async fn read_records(peer: &Client, origin: &str) -> Result<Records, etcd_c
         progress: progress.and_then(|(_, v)| Progress::decode(&v)),
         revision,
         cluster_id,
+        copy_empty,
     })
 }
 

@@ -56,6 +56,16 @@ impl Spread {
         true
     }
 
+    /// Txns in flight the open connections are given while more are being opened: a fresh
+    /// connection's window trickles a burst out (see the module's note), so the burst waits for
+    /// the others, all but the first Txns, which leave at once. Any number once none are opening.
+    pub fn carries(&self) -> usize {
+        match self.opening {
+            Some(_) => self.clients.len() * crate::mirror::plan::TXNS_PER_CONNECTION,
+            None => usize::MAX,
+        }
+    }
+
     pub fn opening(&self) -> bool {
         self.opening.is_some()
     }

@@ -26,7 +26,7 @@ use tracing::{debug, info, warn};
 
 /// Lease grants in flight at once when a sync lays out its leases: the layout of 100k keys
 /// (256 leases) in one round trip, 16k in 64 rather than all at once.
-const GRANTS_IN_FLIGHT: usize = 256;
+pub(in crate::mirror) const GRANTS_IN_FLIGHT: usize = 256;
 
 /// Room kept in every request for the bookkeeping puts and framing.
 pub(in crate::mirror) const RESERVED_REQUEST_BYTES: usize = 64 * 1024;
@@ -86,16 +86,20 @@ impl Worker {
         let prefix = keys::region_prefix(&self.config.origin);
         let range_end = keys::prefix_range_end(prefix.as_bytes());
         // The peer's distance sizes the window, and across distance the Txns spread over
-        // connections of their own (as many as the subtree's Txns can use): measured and opened
-        // while the layout is granted and recorded (the status calls write nothing), not in more
-        // round trips after.
+        // connections of their own (as many as the subtree's Txns can use): measured while the
+        // layout is granted and recorded (the status calls write nothing), not in more round
+        // trips after; the connections open beside the first Txns, which go over those open.
         let (measure_local, measure_peer) = (local.clone(), peer.clone());
         let subtree_txns = (snapshot.total as usize).div_ceil(self.limits(state).max_ops.max(1));
+        let measured_ahead = state.distance_ahead.take();
         let spread_more = async {
-            let distance = self.peer_distance(&measure_local, &measure_peer).await;
+            let distance = match measured_ahead {
+                Some(measuring) => self.nearest_of(measuring.await.ok().flatten()),
+                None => self.peer_distance(&measure_local, &measure_peer).await,
+            };
             let window = sync_window(self.config.sync_parallelism, distance);
-            spread.want(spread_connections(distance, window.min(subtree_txns)), &self.peer, self.config.rpc_timeout);
-            spread.opened().await;
+            let wanted = spread_connections(distance, window.min(subtree_txns), self.spread_cap());
+            spread.want(wanted, &self.peer, self.config.rpc_timeout);
             window
         };
         // The peer's first page too (only this session writes the peer's copy now), and the
@@ -163,7 +167,7 @@ impl Worker {
             for op in staged.drain(..) {
                 let Some(batch) = batcher.push(op) else { continue };
                 let bytes: usize = batch.iter().map(MirrorOp::wire_size).sum();
-                if let Some(by) = txns.make_room(copy.window, bytes).await? {
+                if let Some(by) = txns.make_room(copy.window, bytes, spread).await? {
                     return Ok(Some(by));
                 }
                 // Renewals first: while they fail, what is in flight lands before more is sent.
@@ -185,6 +189,8 @@ impl Worker {
         if let Some(batch) = batcher.take() {
             txns.push(self.apply(peer, epoch, batch, &copy.leases, Vec::new()), 0);
         }
+        let spread_over = spread.len();
+        self.shared.update(|h| h.peer_connections = spread_over);
         txns.settle_all().await
     }
 
@@ -301,13 +307,13 @@ impl Worker {
         // grants at once through a follower each outlive the RPC deadline.
         let missing: Vec<usize> = (0..state.leases.len()).filter(|s| state.leases[*s] == 0).collect();
         self.keeper.expect_layout(state.leases.len() + state.retiring.len());
+        let (missing, mut granted_now) = self.take_granted_ahead(state, missing);
         let mut grants = futures::stream::iter(missing)
             .map(|shard| {
                 let mut peer = peer.clone();
                 async move { self.grant(&mut peer, shard).await.map(|granted| (shard, granted)) }
             })
             .buffer_unordered(GRANTS_IN_FLIGHT);
-        let mut granted_now = 0;
         while let Some(granted) = grants.next().await {
             let (shard, (lease, at)) = granted?;
             self.keeper.granted(lease, at);
@@ -329,6 +335,27 @@ impl Worker {
             Applied::Fenced(by) => Some(by),
             Applied::Yes => None,
         })
+    }
+
+    /// Gives the leases granted beside the ownership Txn to the `missing` shards, each kept from
+    /// now, while at least half its TTL is left. Returns the shards still missing one, and how
+    /// many were given.
+    fn take_granted_ahead(&self, state: &mut State, missing: Vec<usize>) -> (Vec<usize>, usize) {
+        let half_ttl = std::time::Duration::from_secs(self.config.lease_ttl_seconds.max(1) as u64) / 2;
+        let mut ahead = std::mem::take(&mut state.granted_ahead).into_iter().filter(|(_, at)| at.elapsed() < half_ttl);
+        let mut still = Vec::new();
+        let mut given = 0;
+        for shard in missing {
+            match ahead.next() {
+                Some((lease, at)) => {
+                    self.keeper.granted(lease, at);
+                    state.leases[shard] = lease;
+                    given += 1;
+                }
+                None => still.push(shard),
+            }
+        }
+        (still, given)
     }
 
     /// One range page of at most `page_size` keys from `from`, fewer when the largest key-value
@@ -366,21 +393,15 @@ impl Worker {
         }
     }
 
-    /// How far the peer is: its round trip less the origin's, each the fastest of three status
-    /// calls, so that a busy machine, which slows both, is not taken for distance (None if the
-    /// peer never answered).
+    /// How far the peer is (`measure_distance`), and the nearest of the worker's life
+    /// (`plan::nearest`).
     pub(in crate::mirror) async fn peer_distance(&self, local: &Client, peer: &Client) -> Option<std::time::Duration> {
-        // Three of each at once: one round trip, not three.
-        let (peer_best, local_best) = tokio::join!(self.fastest_round_trip(peer), self.fastest_round_trip(local));
-        let first = distance(peer_best, local_best);
-        let measured = if first.is_none_or(|rtt| rtt < crate::mirror::plan::WATCH_PIPELINE_FROM) {
-            first
-        } else {
-            // Far, or a busy moment (a member electing, a loaded machine): asked again, the
-            // faster answer counts, and the nearest of the worker's life (`plan::nearest`).
-            let (peer_again, local_again) = tokio::join!(self.fastest_round_trip(peer), self.fastest_round_trip(local));
-            first.min(distance(peer_again, local_again).or(first))
-        };
+        let measured = measure_distance(local.clone(), peer.clone(), self.config.rpc_timeout).await;
+        self.nearest_of(measured)
+    }
+
+    /// The nearest distance to the peer of the worker's life, `measured` included.
+    pub(in crate::mirror) fn nearest_of(&self, measured: Option<std::time::Duration>) -> Option<std::time::Duration> {
         let mut nearest = self.nearest.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         *nearest = crate::mirror::plan::nearest(*nearest, measured);
         *nearest
@@ -418,20 +439,12 @@ impl Worker {
         }
     }
 
-    /// The fastest of three status calls made at once (None when none answered).
-    async fn fastest_round_trip(&self, client: &Client) -> Option<std::time::Duration> {
-        let calls = (0..3).map(|_| {
-            let mut client = client.clone();
-            async move {
-                let started = std::time::Instant::now();
-                self.rpc("measure a round trip", client.status()).await.ok().map(|_| started.elapsed())
-            }
-        });
-        futures::future::join_all(calls).await.into_iter().flatten().min()
-    }
-
     /// Grants a lease for `shard`; its id, and when it was asked for (its TTL runs from then).
-    async fn grant(&self, peer: &mut Client, shard: usize) -> anyhow::Result<(i64, std::time::Instant)> {
+    pub(in crate::mirror) async fn grant(
+        &self,
+        peer: &mut Client,
+        shard: usize,
+    ) -> anyhow::Result<(i64, std::time::Instant)> {
         let asked = std::time::Instant::now();
         let resp = self.rpc("grant lease", peer.lease_grant(self.config.lease_ttl_seconds, None)).await?;
         debug!(lease = resp.id(), shard, "lease granted");
@@ -522,15 +535,23 @@ impl SyncTxns {
         }
     }
 
-    /// Waits until a batch of `bytes` fits in the window.
-    async fn make_room(&mut self, window: usize, bytes: usize) -> anyhow::Result<Option<String>> {
-        while self.txns.len() >= window || (!self.txns.is_empty() && self.bytes + bytes > MAX_SYNC_INFLIGHT_BYTES) {
-            let done = self.txns.next().await.expect("not empty");
-            if let Some(by) = self.take(done)? {
-                return Ok(Some(by));
+    /// Waits until a batch of `bytes` fits in the window, and in what the connections open
+    /// carry while more are being opened (`Spread::carries`).
+    async fn make_room(&mut self, window: usize, bytes: usize, spread: &mut Spread) -> anyhow::Result<Option<String>> {
+        loop {
+            let window = window.min(spread.carries());
+            if self.txns.len() < window && (self.txns.is_empty() || self.bytes + bytes <= MAX_SYNC_INFLIGHT_BYTES) {
+                return Ok(None);
+            }
+            tokio::select! {
+                done = self.txns.next(), if !self.txns.is_empty() => {
+                    if let Some(by) = self.take(done.expect("not empty"))? {
+                        return Ok(Some(by));
+                    }
+                }
+                () = spread.opened(), if spread.opening() => {}
             }
         }
-        Ok(None)
     }
 
     /// Takes what has landed. A Txn in the set is sent only once the set is polled: poll it now,
@@ -585,4 +606,69 @@ fn next_key(key: &[u8]) -> Vec<u8> {
     let mut next = key.to_vec();
     next.push(0);
     next
+}
+
+/// How far the peer is: its round trip less the origin's, each the fastest of three status
+/// calls, so that a busy machine, which slows both, is not taken for distance (None if the peer
+/// never answered). A free function, so that a session can measure it beside its first steps.
+pub(in crate::mirror) async fn measure_distance(
+    local: Client,
+    peer: Client,
+    timeout: std::time::Duration,
+) -> Option<std::time::Duration> {
+    // Three of each at once: one round trip, not three.
+    let (peer_best, local_best) = tokio::join!(fastest_round_trip(&peer, timeout), fastest_round_trip(&local, timeout));
+    let first = distance(peer_best, local_best);
+    if first.is_none_or(|rtt| rtt < crate::mirror::plan::WATCH_PIPELINE_FROM) {
+        return first;
+    }
+    // Far, or a busy moment (a member electing, a loaded machine): asked again, the faster answer
+    // counts.
+    let (peer_again, local_again) =
+        tokio::join!(fastest_round_trip(&peer, timeout), fastest_round_trip(&local, timeout));
+    first.min(distance(peer_again, local_again).or(first))
+}
+
+/// The fastest of three status calls made at once (None when none answered in time).
+async fn fastest_round_trip(client: &Client, timeout: std::time::Duration) -> Option<std::time::Duration> {
+    let calls = (0..3).map(|_| {
+        let mut client = client.clone();
+        async move {
+            let started = std::time::Instant::now();
+            match tokio::time::timeout(timeout, client.status()).await {
+                Ok(Ok(_)) => Some(started.elapsed()),
+                _ => None,
+            }
+        }
+    });
+    futures::future::join_all(calls).await.into_iter().flatten().min()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mirror::leases::shards::grants_owed;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The leases granted beside the ownership Txn are exactly those the sync's layout then
+        /// lacks: none granted for nothing while the origin's count stands, none missing.
+        #[test]
+        fn the_grants_made_ahead_are_those_the_layout_lacks(
+            shards in prop::sample::select(vec![0usize, 1, 2, 4, 8, 64]),
+            held in prop::collection::vec((any::<bool>(), 0i64..400), 64),
+            total in 0u64..20_000,
+            cap in prop::sample::select(vec![64u64, 100, 1_000]),
+        ) {
+            let mut state = State {
+                leases: held[..shards].iter().enumerate().map(|(i, (has, _))| if *has { i as i64 + 1 } else { 0 }).collect(),
+                keys: held[..shards].iter().map(|(_, n)| *n).collect(),
+                lease_cap: cap,
+                ..Default::default()
+            };
+            let owed = grants_owed(&state.leases, &state.keys, total, cap);
+            plan_layout(&mut state, total);
+            prop_assert_eq!(state.leases.iter().filter(|l| **l == 0).count(), owed);
+        }
+    }
 }

@@ -636,7 +636,7 @@ impl Worker {
             }
         }
         // Across distance, Txns in flight that outgrow the connections open get more.
-        let wanted = watch_connections(w.round_trip, w.pipeline.running(), w.depth, spread.len());
+        let wanted = watch_connections(w.round_trip, w.pipeline.running(), w.depth, spread.len(), self.spread_cap());
         spread.want(wanted, &self.peer, self.config.rpc_timeout);
         if let Some(flush) = w.pipeline.flush(verify_now) {
             self.send(w, peer, flush, state);
