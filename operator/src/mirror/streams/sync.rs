@@ -12,7 +12,7 @@ use crate::mirror::health::{MirrorEvent, Phase, ResyncCause};
 use crate::mirror::leases::shards::{Layout, needs_reshard, shard_count};
 use crate::mirror::plan::{
     Kv, MAX_SYNC_INFLIGHT_BYTES, MirrorOp, Oversized, SYNC_GROUP_BYTES, SyncBatcher, distance, enforce_request_limit,
-    group_by_shard, merge_step, next_page_limit, spread_connections, sync_window,
+    group_by_shard, merge_step, next_page_limit, spread_connections, sync_page_size, sync_window,
 };
 use crate::mirror::streams::apply::Applied;
 use crate::mirror::streams::spread::Spread;
@@ -106,9 +106,10 @@ impl Worker {
         // origin's first pages: under auth a group's worth, which the sync holds back anyway to
         // group it by lease (at 20k keys the grants took 55 ms and that read 73 ms, one after
         // the other).
-        let mut peer_pages = Pages::from(&prefix, None);
+        let page_size = sync_page_size(self.config.page_size, snapshot.total);
+        let mut peer_pages = Pages::from(&prefix, None, page_size);
         let first_peer_page = self.next_page(peer, &mut peer_pages, &range_end);
-        let mut origin_pages = Pages::from(&prefix, Some(snapshot.revision));
+        let mut origin_pages = Pages::from(&prefix, Some(snapshot.revision), page_size);
         let ahead = if state.auth_binds { SYNC_GROUP_BYTES } else { 0 };
         let read_ahead = self.read_ahead(local, &mut origin_pages, &range_end, ahead);
         let lay_out = self.lay_out(peer, state, snapshot.epoch, snapshot.cause);
@@ -409,9 +410,8 @@ impl Worker {
 
     /// The next page of a subtree read page by page.
     async fn next_page(&self, client: &Client, pages: &mut Pages, range_end: &[u8]) -> anyhow::Result<Vec<Kv>> {
-        let page = self
-            .page_of(self.config.page_size, client, &pages.cursor, range_end, pages.revision, &mut pages.largest)
-            .await?;
+        let page =
+            self.page_of(pages.size, client, &pages.cursor, range_end, pages.revision, &mut pages.largest).await?;
         pages.done = !page.more();
         let kvs: Vec<Kv> = page_kvs(page).collect();
         if let Some(last) = kvs.last() {
@@ -584,11 +584,13 @@ struct Pages {
     done: bool,
     /// The largest key-value seen so far (pages shrink to stay decodable).
     largest: usize,
+    /// Keys a page asks for (`plan::sync_page_size`).
+    size: i64,
 }
 
 impl Pages {
-    fn from(prefix: &str, revision: Option<i64>) -> Self {
-        Pages { cursor: prefix.as_bytes().to_vec(), revision, done: false, largest: 0 }
+    fn from(prefix: &str, revision: Option<i64>, size: i64) -> Self {
+        Pages { cursor: prefix.as_bytes().to_vec(), revision, done: false, largest: 0, size }
     }
 }
 
