@@ -191,7 +191,7 @@ impl FailureDetectorSettings {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SyncSettings {
-    /// Keys per range page in the initial sync; bounds the worker's memory.
+    /// Keys per range page in a full sync, at least: a larger subtree is read in at most 64 pages of up to 16,384 keys (etcd counts every key to a range's end for each page), and pages shrink when values are large.
     #[serde(default = "default_page_size")]
     #[schemars(range(min = 10, max = 10000))]
     pub page_size: i64,
