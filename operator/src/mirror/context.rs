@@ -73,10 +73,6 @@ pub(super) struct State {
     /// The key counts are the checkpoint's (resumed from the records), not counted by a sync: the
     /// watch makes them exact at its first quiet moment (`Worker::recount`).
     pub counts_estimated: bool,
-    /// Leases granted beside the Txn that took ownership, for the sync that follows (when each
-    /// was asked for: its TTL runs from then); `lay_out` takes them before granting more, and
-    /// those it does not take hold no key and lapse.
-    pub granted_ahead: Vec<(i64, std::time::Instant)>,
     /// The peer's distance, measured beside the session's first steps for its first sync.
     pub distance_ahead: Option<tokio::task::JoinHandle<Option<std::time::Duration>>>,
 }

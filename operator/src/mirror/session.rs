@@ -8,7 +8,6 @@ use super::health::Refusal;
 use super::health::{MirrorEvent, Phase, ResyncCause};
 use super::leases::keeper::KeeperSignal;
 use super::leases::keeper::{most_ttl_left, same_etcd};
-use super::leases::shards::grants_owed;
 use super::plan::Oversized;
 use super::records::checkpoint::{Owner, Progress, SENT_UNKNOWN};
 use super::records::resume::{
@@ -21,7 +20,6 @@ use super::streams::watch::WatchEnd;
 use crate::keys;
 use anyhow::{Context, anyhow};
 use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse};
-use futures::StreamExt;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
@@ -116,7 +114,7 @@ impl Worker {
         }
         state.lease_cap = crate::mirror::plan::lease_cap(self.config.max_keys_per_lease, state.auth_binds);
         let taking = Taking { generation, origin, kept, first_session };
-        self.take_ownership(state, &local, &peer, &records, taking).await?;
+        self.take_ownership(state, &peer, &records, taking).await?;
         self.sync_and_watch(state, &mut local, &mut peer, &mut spread, lost_rx, backoff).await
     }
 
@@ -183,7 +181,6 @@ impl Worker {
     async fn take_ownership(
         &self,
         state: &mut State,
-        local: &Client,
         peer: &Client,
         records: &Records,
         taking: Taking,
@@ -209,19 +206,8 @@ impl Worker {
                 "the origin etcd was restored or replaced; full sync"
             );
         }
-        // The leases a sync that follows grants fly beside the Txn taking ownership, a round trip
-        // less before its first key: taken only once it owns the mirror, none holds a key before,
-        // and those not taken lapse.
-        let owed = match resume.resync {
-            Some(_) => self.grants_owed(local, &resume.leases, &resume.keys, state.lease_cap).await,
-            None => 0,
-        };
-        let (acquired, granted) = tokio::join!(
-            self.acquire(peer, records, generation, resume.applied, origin.cluster_id),
-            self.grant_ahead(peer, owed)
-        );
-        let (epoch, may_hold_through) = acquired?;
-        state.granted_ahead = granted;
+        let (epoch, may_hold_through) =
+            self.acquire(peer, records, generation, resume.applied, origin.cluster_id).await?;
         self.shared.update(|h| h.refusal = None);
         state.ownership = Ownership { epoch: Some(epoch), generation, take_over: false };
         state.layout = crate::mirror::leases::shards::Layout::recorded(&resume.slots, resume.leases.len());
@@ -481,31 +467,6 @@ impl Worker {
             None => Some(SENT_UNKNOWN),
         };
         Ok((epoch, may_hold_through))
-    }
-
-    /// The leases the sync that follows will grant, from the origin's key count now; none when
-    /// the origin cannot say (the sync grants them then).
-    async fn grants_owed(&self, local: &Client, leases: &[i64], keys: &[i64], lease_cap: u64) -> usize {
-        let prefix = keys::region_prefix(&self.config.origin);
-        let mut kv = crate::mirror::target::kv(local);
-        let counting = kv.get(prefix, Some(GetOptions::new().with_prefix().with_count_only()));
-        match self.rpc("count origin keys", counting).await {
-            Ok(count) => grants_owed(leases, keys, count.count().max(0) as u64, lease_cap),
-            Err(_) => 0,
-        }
-    }
-
-    /// Grants `n` leases, as many at a time as a layout's; those refused are left to the sync.
-    async fn grant_ahead(&self, peer: &Client, n: usize) -> Vec<(i64, Instant)> {
-        futures::stream::iter(0..n)
-            .map(|shard| {
-                let mut peer = peer.clone();
-                async move { self.grant(&mut peer, shard).await.ok() }
-            })
-            .buffer_unordered(crate::mirror::streams::sync::GRANTS_IN_FLIGHT)
-            .filter_map(std::future::ready)
-            .collect()
-            .await
     }
 
     /// The peer's records for this origin, within the RPC deadline.

@@ -44,16 +44,6 @@ pub fn needs_reshard(current: usize, keys_per_shard: &[i64], total_keys: u64, ma
         || !shard_count_fits(current, total_keys, max_keys_per_lease)
 }
 
-/// The leases a full sync of `total_keys` keys grants before its first key (pure): a whole new
-/// layout when it must reshard (`needs_reshard`), else one for each shard without a lease.
-pub fn grants_owed(leases: &[i64], keys_per_shard: &[i64], total_keys: u64, max_keys_per_lease: u64) -> usize {
-    if needs_reshard(leases.len(), keys_per_shard, total_keys, max_keys_per_lease) {
-        shard_count(total_keys, max_keys_per_lease)
-    } else {
-        leases.iter().filter(|l| **l == 0).count()
-    }
-}
-
 /// The shard of a key among `shards` by hash modulo their count (a uniform layout).
 pub fn shard_of(key: &[u8], shards: usize) -> usize {
     (key_hash(key) % shards.max(1) as u64) as usize

@@ -26,7 +26,7 @@ use tracing::{debug, info, warn};
 
 /// Lease grants in flight at once when a sync lays out its leases: the layout of 100k keys
 /// (256 leases) in one round trip, 16k in 64 rather than all at once.
-pub(in crate::mirror) const GRANTS_IN_FLIGHT: usize = 256;
+const GRANTS_IN_FLIGHT: usize = 256;
 
 /// Room kept in every request for the bookkeeping puts and framing.
 pub(in crate::mirror) const RESERVED_REQUEST_BYTES: usize = 64 * 1024;
@@ -308,13 +308,13 @@ impl Worker {
         // grants at once through a follower each outlive the RPC deadline.
         let missing: Vec<usize> = (0..state.leases.len()).filter(|s| state.leases[*s] == 0).collect();
         self.keeper.expect_layout(state.leases.len() + state.retiring.len());
-        let (missing, mut granted_now) = self.take_granted_ahead(state, missing);
         let mut grants = futures::stream::iter(missing)
             .map(|shard| {
                 let mut peer = peer.clone();
                 async move { self.grant(&mut peer, shard).await.map(|granted| (shard, granted)) }
             })
             .buffer_unordered(GRANTS_IN_FLIGHT);
+        let mut granted_now = 0;
         while let Some(granted) = grants.next().await {
             let (shard, (lease, at)) = granted?;
             self.keeper.granted(lease, at);
@@ -336,27 +336,6 @@ impl Worker {
             Applied::Fenced(by) => Some(by),
             Applied::Yes => None,
         })
-    }
-
-    /// Gives the leases granted beside the ownership Txn to the `missing` shards, each kept from
-    /// now, while at least half its TTL is left. Returns the shards still missing one, and how
-    /// many were given.
-    fn take_granted_ahead(&self, state: &mut State, missing: Vec<usize>) -> (Vec<usize>, usize) {
-        let half_ttl = std::time::Duration::from_secs(self.config.lease_ttl_seconds.max(1) as u64) / 2;
-        let mut ahead = std::mem::take(&mut state.granted_ahead).into_iter().filter(|(_, at)| at.elapsed() < half_ttl);
-        let mut still = Vec::new();
-        let mut given = 0;
-        for shard in missing {
-            match ahead.next() {
-                Some((lease, at)) => {
-                    self.keeper.granted(lease, at);
-                    state.leases[shard] = lease;
-                    given += 1;
-                }
-                None => still.push(shard),
-            }
-        }
-        (still, given)
     }
 
     /// One range page of at most `page_size` keys from `from`, fewer when the largest key-value
@@ -440,11 +419,7 @@ impl Worker {
     }
 
     /// Grants a lease for `shard`; its id, and when it was asked for (its TTL runs from then).
-    pub(in crate::mirror) async fn grant(
-        &self,
-        peer: &mut Client,
-        shard: usize,
-    ) -> anyhow::Result<(i64, std::time::Instant)> {
+    async fn grant(&self, peer: &mut Client, shard: usize) -> anyhow::Result<(i64, std::time::Instant)> {
         let asked = std::time::Instant::now();
         let resp = self.rpc("grant lease", peer.lease_grant(self.config.lease_ttl_seconds, None)).await?;
         debug!(lease = resp.id(), shard, "lease granted");
@@ -644,33 +619,4 @@ async fn fastest_round_trip(client: &Client, timeout: std::time::Duration) -> Op
         }
     });
     futures::future::join_all(calls).await.into_iter().flatten().min()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::mirror::leases::shards::grants_owed;
-    use proptest::prelude::*;
-
-    proptest! {
-        /// The leases granted beside the ownership Txn are exactly those the sync's layout then
-        /// lacks: none granted for nothing while the origin's count stands, none missing.
-        #[test]
-        fn the_grants_made_ahead_are_those_the_layout_lacks(
-            shards in prop::sample::select(vec![0usize, 1, 2, 4, 8, 64]),
-            held in prop::collection::vec((any::<bool>(), 0i64..400), 64),
-            total in 0u64..20_000,
-            cap in prop::sample::select(vec![64u64, 100, 1_000]),
-        ) {
-            let mut state = State {
-                leases: held[..shards].iter().enumerate().map(|(i, (has, _))| if *has { i as i64 + 1 } else { 0 }).collect(),
-                keys: held[..shards].iter().map(|(_, n)| *n).collect(),
-                lease_cap: cap,
-                ..Default::default()
-            };
-            let owed = grants_owed(&state.leases, &state.keys, total, cap);
-            plan_layout(&mut state, total);
-            prop_assert_eq!(state.leases.iter().filter(|l| **l == 0).count(), owed);
-        }
-    }
 }
