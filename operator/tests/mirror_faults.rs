@@ -323,13 +323,22 @@ async fn a_least_privilege_user_over_mtls_syncs_into_a_peer_150ms_away_over_seve
 /// worker alone takes, and still lands whole.
 #[tokio::test]
 async fn a_worker_of_a_large_mesh_spreads_a_burst_over_only_its_share_of_the_peers_connections() {
+    let config = MirrorConfig { origin_peers: Arc::new(AtomicUsize::new(31)), ..config("w1") };
+    let (_, most) = burst_after_an_empty_sync_to_a_far_peer(config).await;
+    assert!(most <= 4, "the burst spread over {most} connections; its share of the peer's is 4");
+}
+
+/// An empty sync into a three-member peer 150 ms away, then a burst of 8,000 keys: it lands whole,
+/// over more than the session's connection, with no resync. Returns the connections after the
+/// sync and the most the worker reported during the burst.
+async fn burst_after_an_empty_sync_to_a_far_peer(config: MirrorConfig) -> (usize, usize) {
     let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdCluster::start("b", 3)).unwrap();
     let (_proxies, far) = far_members(&peer, Duration::from_millis(150), "http").await;
     let o = connect(&[origin.endpoint()], None).await;
     let p = connect(&peer.endpoints(), None).await;
-    let config = MirrorConfig { origin_peers: Arc::new(AtomicUsize::new(31)), ..config("w1") };
     let (handle, _e) = start(config, EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain(far));
     wait_synced(&handle).await;
+    let after_sync = handle.health().peer_connections;
     // Every connection count the worker reports, from now on.
     let (mut health, most) = (handle.subscribe(), Arc::new(AtomicUsize::new(0)));
     let watching = tokio::spawn({
@@ -345,9 +354,9 @@ async fn a_worker_of_a_large_mesh_spreads_a_burst_over_only_its_share_of_the_pee
     wait_health(&handle, "the watch spread over more connections", |h| h.peer_connections > 1).await;
     assert_eq!(handle.health().resyncs, 0, "no resync");
     let most = most.load(Ordering::SeqCst).max(handle.health().peer_connections);
-    assert!(most <= 4, "the burst spread over {most} connections; its share of the peer's is 4");
     watching.abort();
     handle.shutdown().await;
+    (after_sync, most)
 }
 
 /// A partition that leaves the leases a few seconds, healed with every connection reset, to a
@@ -389,18 +398,8 @@ async fn a_far_mtls_peer_healed_with_little_ttl_left_is_renewed_before_anything_
 /// with no resync.
 #[tokio::test]
 async fn a_burst_after_an_empty_sync_spreads_the_watch_over_more_connections_to_a_far_peer() {
-    let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdCluster::start("b", 3)).unwrap();
-    let (_proxies, far) = far_members(&peer, Duration::from_millis(150), "http").await;
-    let o = connect(&[origin.endpoint()], None).await;
-    let p = connect(&peer.endpoints(), None).await;
-    let (handle, _e) = start(config("w1"), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain(far));
-    wait_synced(&handle).await;
-    assert_eq!(handle.health().peer_connections, 1, "an empty subtree syncs over the session's connection");
-    burst(&o, 0..8_000).await;
-    converged(&o, &p, "a", DEADLINE).await;
-    wait_health(&handle, "the watch spread over more connections", |h| h.peer_connections > 1).await;
-    assert_eq!(handle.health().resyncs, 0, "no resync");
-    handle.shutdown().await;
+    let (after_sync, _) = burst_after_an_empty_sync_to_a_far_peer(config("w1")).await;
+    assert_eq!(after_sync, 1, "an empty subtree syncs over the session's connection");
 }
 
 /// Under least-privilege auth etcd checks, at every put attached to a lease, every key already
