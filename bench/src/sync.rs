@@ -342,11 +342,12 @@ impl Landing {
 }
 
 /// A million keys into a peer `rtt` away, the mirror as its own process: the sync until the
-/// canary says synced (peak RSS), then a handoff: the worker killed and a successor under another
+/// canary says synced (peak RSS), a minute idle (what verification costs the origin etcd), then a handoff: the worker killed and a successor under another
 /// owner started, which adopts the predecessor's leases (time until it holds the mirror, its
 /// peak RSS, the resyncs it needed).
 pub async fn bench_wan_million(table: &mut Table, rtt: Duration) -> anyhow::Result<()> {
     const KEYS: usize = 1_000_000;
+    const VERIFY_WINDOW: Duration = Duration::from_secs(60);
     println!("sync {KEYS} keys into a peer {rtt:?} away, then a handoff");
     let quota = ["--quota-backend-bytes", "8589934592"];
     let prefix = keys::region_prefix("a");
@@ -381,6 +382,23 @@ pub async fn bench_wan_million(table: &mut Table, rtt: Duration) -> anyhow::Resu
             "keys": KEYS, "rtt_ms": rtt.as_millis() as u64, "canary_s": synced.as_secs_f64(),
             "first_key_s": first_key.map(|t| t.as_secs_f64()), "peak_rss_mib": peak as f64 / 1024.0, "missing": missing,
         }),
+    );
+    // Idle, verification walks the subtree at the defaults (a page of 1,000 keys every 5 s): what
+    // that costs the origin etcd, which counts a range's keys to its end whatever the limit.
+    let origin_pid = origin.pid().map(|pid| pid.to_string()).unwrap_or_default();
+    let (cpu_before, watched) = (cpu_seconds(&origin_pid), Instant::now());
+    tokio::time::sleep(VERIFY_WINDOW).await; // the window is the measurement: nothing to wait for
+    let origin_cpu = cpu_seconds(&origin_pid) - cpu_before;
+    let share = origin_cpu / watched.elapsed().as_secs_f64() * 100.0;
+    table.row_with(
+        &format!("idle, {KEYS} keys synced{}", at_rtt(rtt)),
+        "the origin etcd while verification walks (defaults)",
+        format!("{share:.2} % of a core"),
+        format!(
+            "{origin_cpu:.2} CPU s over {:.0} s, the worker verifying a page every 5 s",
+            watched.elapsed().as_secs_f64()
+        ),
+        serde_json::json!({"keys": KEYS, "origin_cpu_percent": share, "window_s": watched.elapsed().as_secs_f64()}),
     );
     // The handoff: killed, as a crashed Pod is; its leases stay alive only until their TTL.
     drop(first);

@@ -864,6 +864,62 @@ async fn out_of_band_changes_on_the_peer_are_detected_and_repaired() {
     handle.shutdown().await;
 }
 
+/// Verification reads an origin page only up to two page ends ahead (the sync's, then the last
+/// pass's): etcd counts every key to a range's end. A subtree that doubled since, with drift old
+/// and new, at its start, middle and end, is still compared whole and repaired.
+#[tokio::test]
+async fn verification_bounded_by_known_page_ends_still_compares_a_grown_subtree_whole() {
+    let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("b")).unwrap();
+    let mut o = connect(&[origin.endpoint()], None).await;
+    write_keys(&mut o, "a", 0..400, "v1").await;
+    let mut cfg = config("w1");
+    cfg.page_size = 100; // the sync reads four pages: their ends bound the first pass
+    cfg.verify_interval = Duration::from_millis(50);
+    cfg.verify_page_size = 50;
+    let (handle, _events) = start(cfg, EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([peer.endpoint()]));
+    wait_synced(&handle).await;
+    wait_health(&handle, "a clean verification pass", |h| h.verify_passes >= 1 && !h.drift_detected).await;
+    // Keys the origin holds throughout: the peer must never delete one.
+    let kept = (781..799).filter(|i| *i != 790).map(|i| endpoint_key("a", i).into_bytes()).collect();
+    let wrong_deletes = count_deletes_of(vec![peer.endpoint()], kept).await;
+
+    // The subtree doubles, its new keys among the old ones (the watch copies them), and then the
+    // peer's copy is edited behind the mirror's back, old keys and new.
+    write_keys(&mut o, "a", 400..800, "v1").await;
+    let p = connect(&[peer.endpoint()], None).await;
+    converged(&o, &p, "a", DEADLINE).await;
+    let mut tamper = p.clone();
+    for i in [0, 399, 450, 777] {
+        tamper.delete(endpoint_key("a", i), None).await.unwrap();
+    }
+    tamper.put(endpoint_key("a", 600), "tampered", None).await.unwrap();
+    tamper.put(endpoint_key("a", 9999), endpoint_value("a", 9999, "ghost"), None).await.unwrap();
+    wait_health(&handle, "every drift repaired", |h| h.drift_repaired_keys >= 6).await;
+    converged(&o, &p, "a", DEADLINE).await;
+    let passes = handle.health().verify_passes;
+    wait_health(&handle, "a clean pass after the repair", |h| h.verify_passes > passes && !h.drift_detected).await;
+
+    // Then it shrinks to 20 keys: between two of the last pass's page ends now lies less than a
+    // page, which must not end the pass there.
+    let gone: Vec<usize> = (0..780).collect();
+    for chunk in gone.chunks(100) {
+        let deletes = chunk.iter().map(|i| TxnOp::delete(endpoint_key("a", *i), None)).collect::<Vec<_>>();
+        o.txn(Txn::new().and_then(deletes)).await.unwrap();
+    }
+    converged(&o, &p, "a", DEADLINE).await;
+    for i in [780, 799] {
+        tamper.delete(endpoint_key("a", i), None).await.unwrap();
+    }
+    tamper.put(endpoint_key("a", 790), "tampered", None).await.unwrap();
+    tamper.put(endpoint_key("a", 9998), endpoint_value("a", 9998, "ghost"), None).await.unwrap();
+    wait_health(&handle, "the shrunk subtree's drift repaired", |h| h.drift_repaired_keys >= 10).await;
+    converged(&o, &p, "a", DEADLINE).await;
+    let passes = handle.health().verify_passes;
+    wait_health(&handle, "a clean pass after the repair", |h| h.verify_passes > passes && !h.drift_detected).await;
+    assert_eq!(wrong_deletes.load(Ordering::SeqCst), 0, "verification deleted keys the origin holds");
+    handle.shutdown().await;
+}
+
 /// Across regions (20-60 ms) the peer converges and no key the origin keeps is ever deleted.
 #[tokio::test]
 async fn randomized_writes_member_kills_and_network_faults_converge() {

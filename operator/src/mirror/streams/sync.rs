@@ -17,6 +17,7 @@ use crate::mirror::plan::{
 use crate::mirror::streams::apply::Applied;
 use crate::mirror::streams::spread::Spread;
 use crate::mirror::target::kv;
+use crate::mirror::verify::Walk;
 use anyhow::anyhow;
 use etcd_client::{Client, GetOptions, GetResponse, PutOptions, TxnOp};
 use futures::stream::FuturesUnordered;
@@ -51,11 +52,11 @@ impl Worker {
         let epoch = state.ownership.epoch.ok_or_else(|| anyhow!("sync without ownership"))?;
         let snapshot = self.snapshot_head(local, epoch, cause).await?;
         plan_layout(state, snapshot.total);
-        let mut copy = match self.start_copy(local, peer, spread, state, &snapshot).await? {
-            Started::Copying(copy) => copy,
+        let (mut copy, reads) = match self.start_copy(local, peer, spread, state, &snapshot).await? {
+            Started::Copying(copy, reads) => (copy, reads),
             Started::Fenced(by) => return Ok(Some(by)),
         };
-        if let Some(by) = self.run_copy(&mut copy, local, peer, spread, state, epoch).await? {
+        if let Some(by) = self.run_copy(&mut copy, reads, local, peer, spread, state, epoch).await? {
             return Ok(Some(by));
         }
         self.finish_sync(*copy, peer, state, &snapshot, origin_cluster_id).await
@@ -126,27 +127,60 @@ impl Worker {
         for kv in &origin_buf {
             counts[layout.shard_of(&kv.key)] += 1;
         }
-        Ok(Started::Copying(Box::new(SyncCopy {
-            origin_pages,
-            peer_pages,
+        let origin_page_ends = origin_buf.back().map(|kv| next_key(&kv.key)).into_iter().collect();
+        let peer_buf: VecDeque<Kv> = first_peer_page?.into();
+        self.shared.detector_success();
+        let copy = SyncCopy {
+            origin_done: origin_pages.done,
+            peer_done: peer_pages.done,
+            origin_page_ends,
             origin_buf,
-            peer_buf: VecDeque::new(),
-            first_peer_page: Some(first_peer_page),
-            range_end,
+            peer_buf,
             layout,
             leases: state.leases.clone(),
             counts,
             oversized: Vec::new(),
             window,
-        })))
+        };
+        Ok(Started::Copying(Box::new(copy), Reads { origin: origin_pages, peer: peer_pages, range_end }))
     }
 
     /// Copies the snapshot: both sides read page by page, merged into ops, the ops applied in
-    /// a window of batch Txns. Returns who fenced us, if someone did.
+    /// a window of batch Txns. Each side's next page is read while the last one's ops are sent
+    /// (`read_pages`): read only once the last was merged, every page's read left the window
+    /// draining. Returns who fenced us, if someone did.
+    #[allow(clippy::too_many_arguments)]
     async fn run_copy(
         &self,
         copy: &mut SyncCopy,
+        reads: Reads,
         local: &Client,
+        peer: &Client,
+        spread: &mut Spread,
+        state: &State,
+        epoch: i64,
+    ) -> anyhow::Result<Option<String>> {
+        let (origin_tx, origin_rx) = tokio::sync::mpsc::channel(1);
+        let (peer_tx, peer_rx) = tokio::sync::mpsc::channel(1);
+        let readers = futures::future::join(
+            self.read_pages(local, reads.origin, &reads.range_end, origin_tx),
+            self.read_pages(peer, reads.peer, &reads.range_end, peer_tx),
+        );
+        let feeds = Feeds { origin: origin_rx, peer: peer_rx };
+        let copying = self.copy_pages(copy, feeds, peer, spread, state, epoch);
+        tokio::pin!(readers, copying);
+        // The readers end with their side's last page, or with the copy (it stopped listening).
+        tokio::select! {
+            copied = &mut copying => copied,
+            _ = &mut readers => copying.await,
+        }
+    }
+
+    /// The copy's merge and writes, fed the pages by `read_pages`.
+    async fn copy_pages(
+        &self,
+        copy: &mut SyncCopy,
+        mut feeds: Feeds,
         peer: &Client,
         spread: &mut Spread,
         state: &State,
@@ -156,7 +190,7 @@ impl Worker {
         let mut txns = SyncTxns::default();
         let (mut staged, mut staged_bytes) = (Vec::new(), 0usize);
         loop {
-            let read_all = self.read_and_merge(copy, local, peer, &mut staged, &mut staged_bytes).await?;
+            let read_all = self.read_and_merge(copy, &mut feeds, &mut staged, &mut staged_bytes).await?;
             // Under auth, ops wait to be grouped by lease (see `group_by_shard`).
             if state.auth_binds && staged_bytes < SYNC_GROUP_BYTES && !read_all {
                 continue;
@@ -195,38 +229,37 @@ impl Worker {
         txns.settle_all().await
     }
 
-    /// Reads the next pages each side needs and merges what both hold into ops, staged. Returns
-    /// whether both sides are read to the end.
+    /// Takes the next page of each side whose read-ahead is used up, and merges what both hold
+    /// into ops, staged. Returns whether both sides are read to the end.
     async fn read_and_merge(
         &self,
         copy: &mut SyncCopy,
-        local: &Client,
-        peer: &Client,
+        feeds: &mut Feeds,
         staged: &mut Vec<MirrorOp>,
         staged_bytes: &mut usize,
     ) -> anyhow::Result<bool> {
-        if copy.origin_buf.is_empty() && !copy.origin_pages.done {
-            let page = self.next_page(local, &mut copy.origin_pages, &copy.range_end).await?;
+        if copy.origin_buf.is_empty() && !copy.origin_done {
+            let (page, last) = next_fed(&mut feeds.origin).await?;
             for kv in &page {
                 copy.counts[copy.layout.shard_of(&kv.key)] += 1;
             }
+            copy.origin_page_ends.extend(page.last().map(|kv| next_key(&kv.key)));
             copy.origin_buf.extend(page);
+            copy.origin_done = last;
         }
-        if copy.peer_buf.is_empty() && !copy.peer_pages.done {
-            let page = match copy.first_peer_page.take() {
-                Some(read) => read?,
-                None => self.next_page(peer, &mut copy.peer_pages, &copy.range_end).await?,
-            };
+        if copy.peer_buf.is_empty() && !copy.peer_done {
+            let (page, last) = next_fed(&mut feeds.peer).await?;
             self.shared.detector_success();
             copy.peer_buf.extend(page);
+            copy.peer_done = last;
         }
         let mut ops = Vec::new();
         let (layout, leases) = (&copy.layout, &copy.leases);
         merge_step(
             &mut copy.origin_buf,
-            copy.origin_pages.done,
+            copy.origin_done,
             &mut copy.peer_buf,
-            copy.peer_pages.done,
+            copy.peer_done,
             |key| layout.shard_of(key),
             |shard| leases[shard],
             &mut ops,
@@ -240,7 +273,21 @@ impl Worker {
             *staged_bytes += op.wire_size();
             staged.push(op);
         }
-        Ok(copy.origin_pages.done && copy.peer_pages.done && copy.origin_buf.is_empty() && copy.peer_buf.is_empty())
+        Ok(copy.origin_done && copy.peer_done && copy.origin_buf.is_empty() && copy.peer_buf.is_empty())
+    }
+
+    /// Reads one side's pages one ahead of the merge: the next page is read once the last one
+    /// is taken, and sent with whether it is the last. A failed read is sent too, and ends it.
+    async fn read_pages(&self, client: &Client, mut pages: Pages, range_end: &[u8], feed: PageFeed) {
+        while !pages.done {
+            let Ok(room) = feed.reserve().await else { return }; // the copy ended
+            let read = self.next_page(client, &mut pages, range_end).await;
+            let failed = read.is_err();
+            room.send(read.map(|kvs| (kvs, pages.done)));
+            if failed {
+                return;
+            }
+        }
     }
 
     /// The last Txn records the complete snapshot and writes the canary. The old layout's leases
@@ -276,7 +323,7 @@ impl Worker {
         state.applied = revision;
         state.peer_may_hold_through = None;
         state.synced = true;
-        state.walk = Default::default();
+        state.walk = Walk { last_page_ends: copy.origin_page_ends, ..Walk::default() };
         let total_keys = state.keys.iter().sum::<i64>();
         self.shared.update(|h| {
             h.last_applied_revision = revision;
@@ -461,20 +508,19 @@ fn plan_layout(state: &mut State, total: u64) {
 }
 
 enum Started {
-    Copying(Box<SyncCopy>),
+    Copying(Box<SyncCopy>, Reads),
     Fenced(String),
 }
 
-/// A sync's copy under way: both sides' pages, what is read and not merged yet, and what the
-/// origin's keys come to per shard.
+/// A sync's copy under way: what each side's pages hold and is not merged yet, whether a side is
+/// read to its end, and what the origin's keys come to per shard.
 struct SyncCopy {
-    origin_pages: Pages,
-    peer_pages: Pages,
     origin_buf: VecDeque<Kv>,
     peer_buf: VecDeque<Kv>,
-    /// The peer's first page, read while the leases were laid out.
-    first_peer_page: Option<anyhow::Result<Vec<Kv>>>,
-    range_end: Vec<u8>,
+    origin_done: bool,
+    peer_done: bool,
+    /// Where the origin's pages ended: they bound verification's reads (`verify::read_end`).
+    origin_page_ends: Vec<Vec<u8>>,
     layout: Layout,
     leases: Vec<i64>,
     counts: Vec<i64>,
@@ -549,6 +595,29 @@ impl SyncTxns {
         }
         Ok(None)
     }
+}
+
+/// Where each side's read has got to when the copy starts; read on by `read_pages`.
+struct Reads {
+    origin: Pages,
+    peer: Pages,
+    range_end: Vec<u8>,
+}
+
+/// A page read ahead, and whether it is its side's last.
+type FedPage = anyhow::Result<(Vec<Kv>, bool)>;
+type PageFeed = tokio::sync::mpsc::Sender<FedPage>;
+
+/// The pages each side's reader sends the merge.
+struct Feeds {
+    origin: tokio::sync::mpsc::Receiver<FedPage>,
+    peer: tokio::sync::mpsc::Receiver<FedPage>,
+}
+
+/// The next page of a side not read to its end. Its reader sends pages until the last, so the
+/// feed closing before means the reader is gone.
+async fn next_fed(feed: &mut tokio::sync::mpsc::Receiver<FedPage>) -> anyhow::Result<(Vec<Kv>, bool)> {
+    feed.recv().await.unwrap_or_else(|| Err(anyhow!("the sync's page reader stopped before the last page")))
 }
 
 /// Where the sync's read of a subtree (the origin's or the peer's copy) has got to.

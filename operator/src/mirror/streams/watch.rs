@@ -24,7 +24,7 @@ use crate::mirror::streams::split::{Advance, Split, StepDone};
 use crate::mirror::streams::spread::Spread;
 use crate::mirror::streams::sync::{RESERVED_REQUEST_BYTES, page_kvs};
 use crate::mirror::target::kv;
-use crate::mirror::verify::{advance, page_range, repairs};
+use crate::mirror::verify::{advance, page_range, read_end, repairs};
 use anyhow::{Context, anyhow};
 use etcd_client::{Client, EventType, GetOptions, WatchOptions, WatchResponse, WatchStream};
 use std::pin::Pin;
@@ -710,13 +710,14 @@ impl Worker {
         let prefix = keys::region_prefix(&self.config.origin);
         let subtree_end = keys::prefix_range_end(prefix.as_bytes());
         let from = state.walk.cursor.clone().unwrap_or_else(|| prefix.clone().into_bytes());
+        let read_end = read_end(&state.walk, &from, &subtree_end);
         let mut largest = 0;
         let size = self.config.verify_page_size;
-        let origin = match self.page_of(size, local, &from, &subtree_end, Some(state.applied), &mut largest).await {
+        let origin = match self.page_of(size, local, &from, &read_end, Some(state.applied), &mut largest).await {
             Ok(page) => page,
             // Compacted past the applied revision: the next page starts a new pass later.
             Err(e) if format!("{e:#}").contains("compacted") => {
-                state.walk = Default::default();
+                state.walk.restart();
                 return Ok(None);
             }
             Err(e) => return Err(e),
@@ -729,14 +730,14 @@ impl Worker {
                 end.push(0);
                 end
             }
-            _ => subtree_end.clone(),
+            _ => read_end.clone(),
         };
         let peer_page = self.page_of(size, peer, &from, &range_end, None, &mut largest).await?;
         self.shared.detector_success();
         let peer_more = peer_page.more();
         let peer_kvs: Vec<_> = page_kvs(peer_page).collect();
         let peer_last = peer_kvs.last().map(|kv| kv.key.clone());
-        let (end, origin) = page_range(origin, origin_more, peer_last.as_deref(), peer_more, &subtree_end);
+        let (end, origin) = page_range(origin, origin_more, peer_last.as_deref(), peer_more, &read_end);
         let compared = origin.len() as u64;
         let layout = state.layout.clone();
         let leases = state.leases.clone();
