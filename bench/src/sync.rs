@@ -341,13 +341,30 @@ impl Landing {
     }
 }
 
+/// Idle, verification walks the subtree at the defaults (a page of 1,000 keys every 5 s): what it
+/// costs the origin etcd, which counts a range's keys to its end whatever the limit.
+async fn idle_verification_row(table: &mut Table, origin_pid: &str, keys: usize, rtt: Duration, walker: &str) {
+    const WINDOW: Duration = Duration::from_secs(60);
+    let (cpu_before, watched) = (cpu_seconds(origin_pid), Instant::now());
+    tokio::time::sleep(WINDOW).await; // the window is the measurement: nothing to wait for
+    let origin_cpu = cpu_seconds(origin_pid) - cpu_before;
+    let share = origin_cpu / watched.elapsed().as_secs_f64() * 100.0;
+    table.row_with(
+        &format!("idle, {keys} keys synced{}", at_rtt(rtt)),
+        &format!("the origin etcd while {walker} verifies (defaults)"),
+        format!("{share:.2} % of a core"),
+        format!("{origin_cpu:.2} CPU s over {:.0} s, a page every 5 s", watched.elapsed().as_secs_f64()),
+        serde_json::json!({"keys": keys, "walker": walker, "origin_cpu_percent": share, "window_s": watched.elapsed().as_secs_f64()}),
+    );
+}
+
 /// A million keys into a peer `rtt` away, the mirror as its own process: the sync until the
-/// canary says synced (peak RSS), a minute idle (what verification costs the origin etcd), then a handoff: the worker killed and a successor under another
-/// owner started, which adopts the predecessor's leases (time until it holds the mirror, its
-/// peak RSS, the resyncs it needed).
+/// canary says synced (peak RSS) and a minute idle (what verification costs the origin etcd), then
+/// a handoff: the worker killed and a successor under another owner started, which adopts the
+/// predecessor's leases (time until it holds the mirror, its peak RSS, the resyncs it needed),
+/// and a minute idle again.
 pub async fn bench_wan_million(table: &mut Table, rtt: Duration) -> anyhow::Result<()> {
     const KEYS: usize = 1_000_000;
-    const VERIFY_WINDOW: Duration = Duration::from_secs(60);
     println!("sync {KEYS} keys into a peer {rtt:?} away, then a handoff");
     let quota = ["--quota-backend-bytes", "8589934592"];
     let prefix = keys::region_prefix("a");
@@ -383,29 +400,16 @@ pub async fn bench_wan_million(table: &mut Table, rtt: Duration) -> anyhow::Resu
             "first_key_s": first_key.map(|t| t.as_secs_f64()), "peak_rss_mib": peak as f64 / 1024.0, "missing": missing,
         }),
     );
-    // Idle, verification walks the subtree at the defaults (a page of 1,000 keys every 5 s): what
-    // that costs the origin etcd, which counts a range's keys to its end whatever the limit.
     let origin_pid = origin.pid().map(|pid| pid.to_string()).unwrap_or_default();
-    let (cpu_before, watched) = (cpu_seconds(&origin_pid), Instant::now());
-    tokio::time::sleep(VERIFY_WINDOW).await; // the window is the measurement: nothing to wait for
-    let origin_cpu = cpu_seconds(&origin_pid) - cpu_before;
-    let share = origin_cpu / watched.elapsed().as_secs_f64() * 100.0;
-    table.row_with(
-        &format!("idle, {KEYS} keys synced{}", at_rtt(rtt)),
-        "the origin etcd while verification walks (defaults)",
-        format!("{share:.2} % of a core"),
-        format!(
-            "{origin_cpu:.2} CPU s over {:.0} s, the worker verifying a page every 5 s",
-            watched.elapsed().as_secs_f64()
-        ),
-        serde_json::json!({"keys": KEYS, "origin_cpu_percent": share, "window_s": watched.elapsed().as_secs_f64()}),
-    );
+    idle_verification_row(table, &origin_pid, KEYS, rtt, "the worker that synced").await;
     // The handoff: killed, as a crashed Pod is; its leases stay alive only until their TTL.
     drop(first);
     let mut successor = WorkerProcess::start_successor(&origin.endpoint(), &specs)?;
     let (adopted, resyncs) = successor.wait_synced_counting()?;
     let successor_peak = successor.peak_kb();
     let missing_after = KEYS as i64 - count(&pc, &prefix).await;
+    // A successor verifies within the page ends its predecessor's sync recorded on the peer.
+    idle_verification_row(table, &origin_pid, KEYS, rtt, "a successor that took over without a sync").await;
     table.row_with(
         &format!("handoff of {KEYS} keys{}", at_rtt(rtt)),
         "this mirror (own process, killed; a successor under another owner)",

@@ -175,6 +175,12 @@ pub fn owner_key(origin: &str) -> String {
     format!("{}owner", federation_prefix(origin))
 }
 
+/// Where the last sync's origin pages ended, for `origin` on a peer: a successor bounds its
+/// verification reads by them (`mirror::verify::read_end`) before a pass of its own.
+pub fn page_ends_key(origin: &str) -> String {
+    format!("{}page-ends", federation_prefix(origin))
+}
+
 /// The sync canary for `origin` on a peer: present once the peer holds a complete snapshot.
 pub fn canary_key(origin: &str) -> String {
     format!("{}synced", federation_prefix(origin))

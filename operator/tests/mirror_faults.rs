@@ -920,6 +920,61 @@ async fn verification_bounded_by_known_page_ends_still_compares_a_grown_subtree_
     handle.shutdown().await;
 }
 
+/// The sync records where its origin pages ended on the peer; a successor that takes over without
+/// a sync bounds its first verification pass by them, and still finds and repairs drift anywhere.
+#[tokio::test]
+async fn a_successor_verifies_within_the_page_ends_its_predecessors_sync_recorded() {
+    let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("b")).unwrap();
+    let mut o = connect(&[origin.endpoint()], None).await;
+    write_keys(&mut o, "a", 0..400, "v1").await;
+    let mut cfg = config("w1");
+    cfg.page_size = 100;
+    cfg.verify_interval = Duration::from_millis(50);
+    cfg.verify_page_size = 50;
+    let (local, remote) = (EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([peer.endpoint()]));
+    let (first, _events) = start(cfg.clone(), local.clone(), remote.clone());
+    wait_synced(&first).await;
+    let p = connect(&[peer.endpoint()], None).await;
+    // Four pages of 100 keys: four ends (the last at the subtree's end).
+    wait_until("the sync's page ends on the peer", DEADLINE, || {
+        let mut p = p.clone();
+        async move {
+            let resp = p.get(aether_operator::keys::page_ends_key("a"), None).await?;
+            let ends = resp.kvs().first().and_then(|kv| mirror::verify::decode_page_ends(kv.value()));
+            Ok(ends.is_some_and(|ends| ends.len() >= 4))
+        }
+    })
+    .await
+    .unwrap();
+    // The subtree shrinks to 100 keys: between two recorded ends now lies less than a page.
+    let gone: Vec<usize> = (0..300).collect();
+    for chunk in gone.chunks(100) {
+        let deletes = chunk.iter().map(|i| TxnOp::delete(endpoint_key("a", *i), None)).collect::<Vec<_>>();
+        o.txn(Txn::new().and_then(deletes)).await.unwrap();
+    }
+    converged(&o, &p, "a", DEADLINE).await;
+    first.shutdown().await;
+
+    cfg.owner_id = "w2".into();
+    let (successor, mut events) = start(cfg, local, remote);
+    wait_synced(&successor).await;
+    let kept = (300..400).filter(|i| ![350, 399].contains(i)).map(|i| endpoint_key("a", i).into_bytes()).collect();
+    let wrong_deletes = count_deletes_of(vec![peer.endpoint()], kept).await;
+    let mut tamper = p.clone();
+    tamper.delete(endpoint_key("a", 399), None).await.unwrap();
+    tamper.put(endpoint_key("a", 350), "tampered", None).await.unwrap();
+    tamper.put(endpoint_key("a", 9997), endpoint_value("a", 9997, "ghost"), None).await.unwrap();
+    wait_health(&successor, "the drift repaired", |h| h.drift_repaired_keys >= 3).await;
+    converged(&o, &p, "a", DEADLINE).await;
+    let passes = successor.health().verify_passes;
+    wait_health(&successor, "a clean pass after the repair", |h| h.verify_passes > passes && !h.drift_detected).await;
+    assert_eq!(wrong_deletes.load(Ordering::SeqCst), 0, "verification deleted keys the origin holds");
+    while let Ok(e) = events.try_recv() {
+        assert!(!matches!(e, MirrorEvent::ResyncStarted { .. }), "the successor took over without a sync: {e:?}");
+    }
+    successor.shutdown().await;
+}
+
 /// Across regions (20-60 ms) the peer converges and no key the origin keeps is ever deleted.
 #[tokio::test]
 async fn randomized_writes_member_kills_and_network_faults_converge() {

@@ -163,9 +163,13 @@ impl Worker {
     /// the records written with it.
     pub(super) fn checkpoint_write(&self, state: &mut State, record: &Checkpoint) -> CheckpointWrite {
         let limits = self.limits(state);
+        // Room in the commit for the bookkeeping beside it: progress, canary, the page ends.
         let budget = RecordBudget {
-            ops: limits.max_ops.saturating_sub(3).max(1),
-            bytes: limits.max_bytes.saturating_sub(4096).max(1),
+            ops: limits.max_ops.saturating_sub(4).max(1),
+            bytes: limits
+                .max_bytes
+                .saturating_sub(4096 + crate::mirror::verify::page_ends_budget(self.config.max_txn_bytes))
+                .max(1),
         };
         let fresh_id = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
         let per_part = self.config.checkpoint_shards_per_part;

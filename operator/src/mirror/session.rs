@@ -223,6 +223,10 @@ impl Worker {
         state.resync_cause = resume.resync;
         state.origin_cluster_id = origin.cluster_id;
         state.counts_estimated = state.synced;
+        // Until a pass of its own, the walk's reads are bounded by the last sync's page ends.
+        if state.walk.last_page_ends.is_empty() {
+            state.walk.last_page_ends = records.page_ends.clone();
+        }
         self.keep_alive(state);
         // The peer still lacks the values recorded as too large for it: said again by this
         // worker (a sync, if one follows, says which still are).

@@ -82,6 +82,48 @@ pub fn read_end(walk: &Walk, from: &[u8], subtree_end: &[u8]) -> Vec<u8> {
     }
 }
 
+/// The most page ends recorded on the peer, and their most bytes encoded: the record rides in the
+/// sync's last Txn, beside the checkpoint.
+pub const RECORDED_PAGE_ENDS: usize = 128;
+pub const RECORDED_PAGE_ENDS_BYTES: usize = 32 * 1024;
+
+/// The bytes the page ends record may take in a Txn of at most `max_txn_bytes`: a sixteenth, so
+/// that a peer taking small requests still takes the sync's last Txn.
+pub fn page_ends_budget(max_txn_bytes: usize) -> usize {
+    (max_txn_bytes / 16).min(RECORDED_PAGE_ENDS_BYTES)
+}
+
+/// The page ends to record in at most `max_bytes`: every k-th of `ends`, k the smallest that
+/// fits (the reads they bound then span up to 2k pages, still far less than the subtree).
+pub fn recorded_page_ends(ends: &[Vec<u8>], max_bytes: usize) -> Vec<Vec<u8>> {
+    (1..=ends.len())
+        .map(|k| ends.iter().skip(k - 1).step_by(k).cloned().collect::<Vec<_>>())
+        .find(|kept| kept.len() <= RECORDED_PAGE_ENDS && encode_page_ends(kept).len() <= max_bytes)
+        .unwrap_or_default()
+}
+
+/// The page ends record: a JSON array of hex keys (keys are bytes).
+pub fn encode_page_ends(ends: &[Vec<u8>]) -> Vec<u8> {
+    let hex: Vec<String> = ends.iter().map(|end| end.iter().map(|b| format!("{b:02x}")).collect()).collect();
+    serde_json::to_vec(&hex).unwrap_or_default()
+}
+
+/// The page ends a record holds, in order; None when it is damaged (a walk then starts unbounded).
+pub fn decode_page_ends(value: &[u8]) -> Option<Vec<Vec<u8>>> {
+    let hex: Vec<String> = serde_json::from_slice(value).ok()?;
+    let ends = hex
+        .iter()
+        .map(|h| {
+            let digits = h.as_bytes();
+            if digits.len() % 2 != 0 {
+                return None;
+            }
+            digits.chunks(2).map(|pair| u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()).collect()
+        })
+        .collect::<Option<Vec<Vec<u8>>>>()?;
+    ends.is_sorted().then_some(ends)
+}
+
 /// The key range one page compares: from the cursor to just after the origin page's last key (or
 /// to the read's end, `read_end`, when the origin holds no more before it), cut short at the peer page's last key when
 /// the peer holds more keys in that range than one page, so both sides stay bounded. Returns the
@@ -203,6 +245,29 @@ mod tests {
         assert!(advance(&mut walk, b"a0", b"a0", 1));
         assert_eq!((walk.cursor.clone(), walk.repaired_this_pass), (None, 3));
         assert_eq!(walk.last_page_ends, vec![b"a/1\0".to_vec()], "the pass's page ends are kept for the next");
+    }
+
+    #[test]
+    fn page_ends_are_recorded_within_bounds_and_read_back() {
+        let ends: Vec<Vec<u8>> = (0..200u32).map(|i| format!("/a/{i:05}\0").into_bytes()).collect();
+        let kept = recorded_page_ends(&ends, RECORDED_PAGE_ENDS_BYTES);
+        assert!(kept.len() <= RECORDED_PAGE_ENDS && kept.len() >= RECORDED_PAGE_ENDS / 2, "{} kept", kept.len());
+        assert_eq!((kept[0].clone(), kept[1].clone()), (ends[1].clone(), ends[3].clone()), "every 2nd");
+        assert_eq!(decode_page_ends(&encode_page_ends(&kept)), Some(kept));
+        // Long keys: fewer, to fit the bytes.
+        let long: Vec<Vec<u8>> = (0..128u32).map(|i| format!("/a/{i:05}/{}", "x".repeat(500)).into_bytes()).collect();
+        let kept = recorded_page_ends(&long, RECORDED_PAGE_ENDS_BYTES);
+        assert!(!kept.is_empty() && encode_page_ends(&kept).len() <= RECORDED_PAGE_ENDS_BYTES);
+        assert!(recorded_page_ends(&[], RECORDED_PAGE_ENDS_BYTES).is_empty());
+        // A peer taking small requests gets a small record, or none.
+        assert_eq!(page_ends_budget(12 << 10), 768);
+        assert!(encode_page_ends(&recorded_page_ends(&ends, 768)).len() <= 768);
+        assert!(recorded_page_ends(&long, 768).is_empty(), "no end of 500 bytes fits in 768 as hex");
+        // A damaged record is none at all, never ends out of order.
+        assert_eq!(decode_page_ends(b"not json"), None);
+        assert_eq!(decode_page_ends(br#"["2f62","2f61"]"#), None, "out of order");
+        assert_eq!(decode_page_ends(br#"["2f6"]"#), None);
+        assert_eq!(decode_page_ends(br#"["zz"]"#), None);
     }
 
     #[test]

@@ -20,10 +20,12 @@ pub struct Records {
     /// Whether the peer holds no key of the origin's copy: without a checkpoint, no lease a key
     /// sits on has to be looked for before anything else (a round trip less for a new mirror).
     pub copy_empty: bool,
+    /// Where the last sync's origin pages ended (`keys::page_ends_key`); empty when unknown.
+    pub page_ends: Vec<Vec<u8>>,
 }
 
-/// The owner, checkpoint and progress records, and whether the peer holds any key of the
-/// origin's copy, read at one revision.
+/// The owner, checkpoint and progress records, whether the peer holds any key of the origin's
+/// copy, and the last sync's page ends, read at one revision.
 pub async fn read_records(peer: &Client, origin: &str) -> Result<Records, etcd_client::Error> {
     let copy = keys::region_prefix(origin);
     let any_key = GetOptions::new().with_range(keys::prefix_range_end(copy.as_bytes())).with_keys_only().with_limit(1);
@@ -32,6 +34,7 @@ pub async fn read_records(peer: &Client, origin: &str) -> Result<Records, etcd_c
         TxnOp::get(keys::checkpoint_key(origin), None),
         TxnOp::get(keys::progress_key(origin), None),
         TxnOp::get(copy, Some(any_key)),
+        TxnOp::get(keys::page_ends_key(origin), None),
     ]);
     let mut kv = crate::mirror::target::kv(peer);
     let resp = kv.txn(txn).await?;
@@ -44,6 +47,7 @@ pub async fn read_records(peer: &Client, origin: &str) -> Result<Records, etcd_c
     let (owner, checkpoint, progress) = (gets.next().flatten(), gets.next().flatten(), gets.next().flatten());
     // A peer that answered without the fourth read counts as holding keys: they are looked for.
     let copy_empty = matches!(gets.next(), Some(None));
+    let page_ends = gets.next().flatten().and_then(|(_, v)| crate::mirror::verify::decode_page_ends(&v));
     let header = checkpoint.and_then(|(_, v)| Checkpoint::decode(&v));
     let (checkpoint, stored) = complete(&mut kv, origin, header, revision).await?;
     Ok(Records {
@@ -54,6 +58,7 @@ pub async fn read_records(peer: &Client, origin: &str) -> Result<Records, etcd_c
         revision,
         cluster_id,
         copy_empty,
+        page_ends: page_ends.unwrap_or_default(),
     })
 }
 

@@ -316,7 +316,17 @@ impl Worker {
         let canary = serde_json::json!({"synced": true, "revision": revision, "syncedAt": synced_at});
         let record = self.checkpoint(state, revision, true);
         let write = self.checkpoint_write(state, &record);
-        let bookkeeping = vec![self.progress_op(revision, revision), self.canary_op(state, canary)];
+        let page_ends_budget = crate::mirror::verify::page_ends_budget(self.config.max_txn_bytes);
+        let page_ends = crate::mirror::verify::recorded_page_ends(&copy.origin_page_ends, page_ends_budget);
+        let bookkeeping = vec![
+            self.progress_op(revision, revision),
+            self.canary_op(state, canary),
+            TxnOp::put(
+                keys::page_ends_key(&self.config.origin),
+                crate::mirror::verify::encode_page_ends(&page_ends),
+                None,
+            ),
+        ];
         if let Applied::Fenced(by) = self.apply_checkpoint(peer, snapshot.epoch, write, bookkeeping).await? {
             return Ok(Some(by));
         }
