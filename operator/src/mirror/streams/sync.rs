@@ -56,7 +56,7 @@ impl Worker {
             Started::Copying(copy, reads) => (copy, reads),
             Started::Fenced(by) => return Ok(Some(by)),
         };
-        if let Some(by) = self.run_copy(&mut copy, reads, local, peer, spread, state, epoch).await? {
+        if let Some(by) = self.run_copy(&mut copy, reads, peer, spread, state, epoch).await? {
             return Ok(Some(by));
         }
         self.finish_sync(*copy, peer, state, &snapshot, origin_cluster_id).await
@@ -142,19 +142,18 @@ impl Worker {
             oversized: Vec::new(),
             window,
         };
-        Ok(Started::Copying(Box::new(copy), Reads { origin: origin_pages, peer: peer_pages, range_end }))
+        let reads = Reads { local: local.clone(), origin: origin_pages, peer: peer_pages, range_end };
+        Ok(Started::Copying(Box::new(copy), Box::new(reads)))
     }
 
     /// Copies the snapshot: both sides read page by page, merged into ops, the ops applied in
     /// a window of batch Txns. Each side's next page is read while the last one's ops are sent
     /// (`read_pages`): read only once the last was merged, every page's read left the window
     /// draining. Returns who fenced us, if someone did.
-    #[allow(clippy::too_many_arguments)]
     async fn run_copy(
         &self,
         copy: &mut SyncCopy,
-        reads: Reads,
-        local: &Client,
+        reads: Box<Reads>,
         peer: &Client,
         spread: &mut Spread,
         state: &State,
@@ -163,7 +162,7 @@ impl Worker {
         let (origin_tx, origin_rx) = tokio::sync::mpsc::channel(1);
         let (peer_tx, peer_rx) = tokio::sync::mpsc::channel(1);
         let readers = futures::future::join(
-            self.read_pages(local, reads.origin, &reads.range_end, origin_tx),
+            self.read_pages(&reads.local, reads.origin, &reads.range_end, origin_tx),
             self.read_pages(peer, reads.peer, &reads.range_end, peer_tx),
         );
         let feeds = Feeds { origin: origin_rx, peer: peer_rx };
@@ -518,7 +517,7 @@ fn plan_layout(state: &mut State, total: u64) {
 }
 
 enum Started {
-    Copying(Box<SyncCopy>, Reads),
+    Copying(Box<SyncCopy>, Box<Reads>),
     Fenced(String),
 }
 
@@ -609,6 +608,8 @@ impl SyncTxns {
 
 /// Where each side's read has got to when the copy starts; read on by `read_pages`.
 struct Reads {
+    /// The origin's client.
+    local: Client,
     origin: Pages,
     peer: Pages,
     range_end: Vec<u8>,
