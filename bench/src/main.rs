@@ -33,6 +33,11 @@ use std::time::Duration;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
+    // AETHER_BENCH_LOG (a tracing filter, e.g. `aether_operator=debug`): the workers' logs on
+    // stderr, to see where a scenario's time goes; the worker processes' too (they inherit it).
+    if let Ok(filter) = std::env::var("AETHER_BENCH_LOG") {
+        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    }
     if args.get(1).map(String::as_str) == Some("worker") {
         return worker_process(&args[2..]).await;
     }
@@ -41,11 +46,6 @@ async fn main() -> anyhow::Result<()> {
     // `wan-sync`, `wan-catchup` and `wan-steady` (never by default) run only those rows of `wan`; `auth-1m` (never by
     // default) syncs 1M keys under least-privilege auth; `wan-1m` (never by default) syncs 1M keys
     // into a peer 150 ms away and hands them off.
-    // AETHER_BENCH_LOG (a tracing filter, e.g. `aether_operator=debug`): the workers' logs on
-    // stderr, to see where a scenario's time goes.
-    if let Ok(filter) = std::env::var("AETHER_BENCH_LOG") {
-        tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
-    }
     let only: Vec<String> = args[1..].to_vec();
     let want = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
     let mut table = Table::default();

@@ -173,16 +173,18 @@ impl EtcdServer {
     }
 
     /// Waits until the server says it is healthy (a member: once its cluster has a leader). The
-    /// answer counts only once this server has written its member directory, which etcd does
-    /// after binding its listeners: a port taken by another test's etcd in the meantime would
-    /// otherwise answer for it while this one exits on the failed bind.
+    /// answer counts only from a metrics port this server's process holds: etcd binds it last,
+    /// after serving clients, and a port taken by another test's etcd in the meantime would
+    /// otherwise answer for it while this one exits on the failed bind (the image's test once
+    /// talked to a registry etcd that had already exited).
     pub(crate) async fn wait_serving(&mut self) -> anyhow::Result<()> {
         let port = self.metrics_port;
         let member_dir = self.data_dir().join("member");
         let process = self.process.as_mut().ok_or_else(|| anyhow::anyhow!("etcd {} is not running", self.name))?;
+        let pid = process.pid().ok_or_else(|| anyhow::anyhow!("etcd {} is not running", self.name))?;
         wait_until(&format!("etcd {}", self.name), crate::STARTUP_DEADLINE, || {
             let running = process.check_running();
-            let bound = member_dir.exists();
+            let bound = member_dir.exists() && crate::process::listens_on(pid, port);
             async move {
                 running?;
                 Ok(bound

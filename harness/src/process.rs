@@ -102,3 +102,40 @@ where
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
+
+/// Whether process `pid` holds the listening socket on 127.0.0.1:`port` (from /proc/net/tcp and
+/// the process's descriptors). A port free a moment ago may be bound by another test's process
+/// by the time ours binds it: only an answer from a port our process holds is its answer.
+pub fn listens_on(pid: u32, port: u16) -> bool {
+    let Ok(table) = std::fs::read_to_string("/proc/net/tcp") else { return false };
+    let listening: Vec<String> = table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (_, local_port) = fields.get(1)?.split_once(':')?;
+            let (state, inode) = (*fields.get(3)?, *fields.get(9)?);
+            (state == "0A" && u16::from_str_radix(local_port, 16).ok()? == port).then(|| format!("socket:[{inode}]"))
+        })
+        .collect();
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return false };
+    !listening.is_empty()
+        && fds.flatten().any(|fd| {
+            std::fs::read_link(fd.path()).is_ok_and(|target| listening.iter().any(|s| target.as_os_str() == s.as_str()))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::listens_on;
+
+    #[test]
+    fn a_listening_port_is_ours_only_while_we_hold_it() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        assert!(listens_on(std::process::id(), port), "this process holds {port}");
+        assert!(!listens_on(1, port), "another process does not");
+        drop(listener);
+        assert!(!listens_on(std::process::id(), port), "released");
+    }
+}
