@@ -1,7 +1,7 @@
 //! etcd servers on loopback: a single member, or a member of an N-member cluster
 //! ([`crate::EtcdCluster`]), in plaintext or with TLS and client-certificate authentication.
 use crate::pki::CertFiles;
-use crate::process::{Managed, free_port, wait_until};
+use crate::process::{Managed, free_port};
 use crate::tools::tool_path;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -182,16 +182,21 @@ impl EtcdServer {
         let member_dir = self.data_dir().join("member");
         let process = self.process.as_mut().ok_or_else(|| anyhow::anyhow!("etcd {} is not running", self.name))?;
         let pid = process.pid().ok_or_else(|| anyhow::anyhow!("etcd {} is not running", self.name))?;
-        wait_until(&format!("etcd {}", self.name), crate::STARTUP_DEADLINE, || {
-            let running = process.check_running();
-            let bound = member_dir.exists() && crate::process::listens_on(pid, port);
-            async move {
-                running?;
-                Ok(bound
-                    && http_get(port, "/health?exclude=NOSPACE").is_some_and(|b| b.contains("\"health\":\"true\"")))
+        let started = std::time::Instant::now();
+        loop {
+            // Exited (a port taken): fail now, so that a start on other ports follows at once.
+            process.check_running()?;
+            if member_dir.exists()
+                && crate::process::listens_on(pid, port)
+                && http_get(port, "/health?exclude=NOSPACE").is_some_and(|b| b.contains("\"health\":\"true\""))
+            {
+                return Ok(());
             }
-        })
-        .await
+            if started.elapsed() > crate::STARTUP_DEADLINE {
+                anyhow::bail!("etcd {} not serving after {:?}", self.name, crate::STARTUP_DEADLINE);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
     }
 
     async fn launch(&mut self) -> anyhow::Result<()> {
@@ -349,4 +354,33 @@ fn http_get(port: u16, path: &str) -> Option<String> {
         Ok(body)
     };
     probe().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    /// Another test's etcd holds the metrics port this one was given, and says it is healthy:
+    /// this one exits on the failed bind after serving clients for a moment, and must not be
+    /// taken for serving.
+    #[tokio::test]
+    async fn an_etcd_whose_metrics_port_another_process_answers_on_is_not_taken_for_serving() {
+        let squatter = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = squatter.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for mut stream in squatter.incoming().flatten() {
+                let mut request = [0u8; 1024];
+                let _ = stream.read(&mut request);
+                let _ = stream.write_all(b"HTTP/1.0 200 OK\r\n\r\n{\"health\":\"true\"}");
+            }
+        });
+        let mut server = EtcdServer::unstarted("squatted", EtcdFlavor::from_env(), &[], None).unwrap();
+        server.metrics_port = port;
+        server.spawn().unwrap();
+        let outcome = server.wait_serving().await;
+        let error =
+            format!("{:#}", outcome.expect_err("an etcd that could not bind its metrics port was taken for serving"));
+        assert!(error.contains("exited"), "the failed start says the etcd exited: {error}");
+    }
 }
