@@ -864,6 +864,25 @@ async fn out_of_band_changes_on_the_peer_are_detected_and_repaired() {
     handle.shutdown().await;
 }
 
+/// A worker whose sync reads pages of 100 keys (their ends bound verification's first pass) and
+/// whose verification walks pages of 50 every 50 ms.
+fn walking_in_small_pages(owner: &str) -> MirrorConfig {
+    let mut cfg = config(owner);
+    cfg.page_size = 100;
+    cfg.verify_interval = Duration::from_millis(50);
+    cfg.verify_page_size = 50;
+    cfg
+}
+
+/// Deletes region a's endpoints `range` from the origin, 100 to a Txn.
+async fn delete_keys(o: &mut Client, range: std::ops::Range<usize>) {
+    let gone: Vec<usize> = range.collect();
+    for chunk in gone.chunks(100) {
+        let deletes = chunk.iter().map(|i| TxnOp::delete(endpoint_key("a", *i), None)).collect::<Vec<_>>();
+        o.txn(Txn::new().and_then(deletes)).await.unwrap();
+    }
+}
+
 /// Verification reads an origin page only up to two page ends ahead (the sync's, then the last
 /// pass's): etcd counts every key to a range's end. A subtree that doubled since, with drift old
 /// and new, at its start, middle and end, is still compared whole and repaired.
@@ -872,10 +891,7 @@ async fn verification_bounded_by_known_page_ends_still_compares_a_grown_subtree_
     let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("b")).unwrap();
     let mut o = connect(&[origin.endpoint()], None).await;
     write_keys(&mut o, "a", 0..400, "v1").await;
-    let mut cfg = config("w1");
-    cfg.page_size = 100; // the sync reads four pages: their ends bound the first pass
-    cfg.verify_interval = Duration::from_millis(50);
-    cfg.verify_page_size = 50;
+    let cfg = walking_in_small_pages("w1");
     let (handle, _events) = start(cfg, EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([peer.endpoint()]));
     wait_synced(&handle).await;
     wait_health(&handle, "a clean verification pass", |h| h.verify_passes >= 1 && !h.drift_detected).await;
@@ -901,11 +917,7 @@ async fn verification_bounded_by_known_page_ends_still_compares_a_grown_subtree_
 
     // Then it shrinks to 20 keys: between two of the last pass's page ends now lies less than a
     // page, which must not end the pass there.
-    let gone: Vec<usize> = (0..780).collect();
-    for chunk in gone.chunks(100) {
-        let deletes = chunk.iter().map(|i| TxnOp::delete(endpoint_key("a", *i), None)).collect::<Vec<_>>();
-        o.txn(Txn::new().and_then(deletes)).await.unwrap();
-    }
+    delete_keys(&mut o, 0..780).await;
     converged(&o, &p, "a", DEADLINE).await;
     for i in [780, 799] {
         tamper.delete(endpoint_key("a", i), None).await.unwrap();
@@ -927,10 +939,7 @@ async fn a_successor_verifies_within_the_page_ends_its_predecessors_sync_recorde
     let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("b")).unwrap();
     let mut o = connect(&[origin.endpoint()], None).await;
     write_keys(&mut o, "a", 0..400, "v1").await;
-    let mut cfg = config("w1");
-    cfg.page_size = 100;
-    cfg.verify_interval = Duration::from_millis(50);
-    cfg.verify_page_size = 50;
+    let mut cfg = walking_in_small_pages("w1");
     let (local, remote) = (EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([peer.endpoint()]));
     let (first, _events) = start(cfg.clone(), local.clone(), remote.clone());
     wait_synced(&first).await;
@@ -947,11 +956,7 @@ async fn a_successor_verifies_within_the_page_ends_its_predecessors_sync_recorde
     .await
     .unwrap();
     // The subtree shrinks to 100 keys: between two recorded ends now lies less than a page.
-    let gone: Vec<usize> = (0..300).collect();
-    for chunk in gone.chunks(100) {
-        let deletes = chunk.iter().map(|i| TxnOp::delete(endpoint_key("a", *i), None)).collect::<Vec<_>>();
-        o.txn(Txn::new().and_then(deletes)).await.unwrap();
-    }
+    delete_keys(&mut o, 0..300).await;
     converged(&o, &p, "a", DEADLINE).await;
     first.shutdown().await;
 
