@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The suites of `make test` after the lints: unit, property and integration tests against real
 # etcd and kube-apiserver; the image (`make image`) and its test (the federation on the image's
-# binary); the mirror and lease suites again on etcd 3.4, and the multi-region e2e. The soak tests
-# (minutes at the CRD defaults, mostly waiting: 25 s partitions, 16k leases held for three TTLs, ten
-# idle minutes) run beside the 3.4 pass, the e2e and the image's test instead of after them,
-# once the image's release builds are done; their output is printed when they end.
+# binary); the mirror and lease suites again on etcd 3.4, the multi-region e2e and the kind e2e
+# (hack/kind/e2e.sh). The soak tests (minutes at the CRD defaults, mostly waiting: 25 s partitions,
+# 16k leases held for three TTLs, ten idle minutes) run beside the 3.4 pass, the e2e, the image's
+# test and the kind e2e instead of after them, once the image's release builds are done; their
+# output is printed when they end.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 cargo=${CARGO:-cargo}
@@ -17,6 +18,22 @@ took() {
   timings+=("$1: $((SECONDS - phase_started)) s")
   phase_started=$SECONDS
 }
+
+# The kind e2e's node image and images, built from nothing on a fresh machine (about half an hour,
+# niced), meanwhile: the build and the tests leave it the CPU they do not use. Cached by version,
+# it is checked in seconds.
+kind=${AETHER_TEST_KIND:-1}
+kind_log=$(mktemp -t aether-kind-prep.XXXXXX)
+kind_prep=''
+# dockerd is stopped at the end again when this run started it (hack/kind/engine.sh records that).
+engine_mark=${AETHER_KIND_STATE_DIR:-/run/aether-federation}/dockerd.started-by-engine-sh
+engine_was_started=''
+[[ -f $engine_mark ]] && engine_was_started=1
+if [[ $kind == 1 ]]; then
+  { hack/kind/node-image.sh && hack/kind/images.sh; } >"$kind_log" 2>&1 &
+  kind_prep=$!
+fi
+trap '[[ -n $kind_prep ]] && kill "$kind_prep" 2>/dev/null' EXIT
 
 "$cargo" test --workspace --no-run --quiet || exit 1
 took "build the tests"
@@ -32,7 +49,7 @@ soak_log=$(mktemp -t aether-soak.XXXXXX)
 started=$SECONDS
 "$cargo" test -p aether-operator --test soak -- --ignored --test-threads=5 >"$soak_log" 2>&1 &
 soak=$!
-trap 'kill "$soak" 2>/dev/null' EXIT
+trap 'kill "$soak" 2>/dev/null; [[ -n $kind_prep ]] && kill "$kind_prep" 2>/dev/null' EXIT
 
 "$make" test-etcd34 || failed+=("the etcd 3.4 pass")
 took "the etcd 3.4 pass (beside the soak tests)"
@@ -42,6 +59,27 @@ if $image_built; then
   "$cargo" test -p aether-e2e --test image || failed+=("the image's test")
 fi
 took "the image's test (beside the soak tests)"
+
+# The kind e2e (hack/kind/e2e.sh: the shipped image and chart on kind clusters built here, offline),
+# beside the soak tests' rest. AETHER_TEST_KIND=0 skips it (it needs root and a container engine).
+if [[ $kind == 1 ]]; then
+  if wait "$kind_prep"; then
+    kind_prep=''
+    cat "$kind_log"
+    "$make" e2e-kind || failed+=("the kind e2e")
+  else
+    kind_prep=''
+    cat "$kind_log"
+    failed+=("the kind e2e's node image (hack/kind/node-image.sh, hack/kind/images.sh)")
+  fi
+  took "the kind e2e (beside the soak tests)"
+else
+  echo "make test: the kind e2e SKIPPED (AETHER_TEST_KIND=$kind)" >&2
+fi
+rm -f "$kind_log"
+if [[ $kind == 1 && -z $engine_was_started && -f $engine_mark ]]; then
+  hack/kind/engine.sh stop || failed+=("stopping the dockerd this run started (hack/kind/engine.sh stop)")
+fi
 
 if ! wait "$soak"; then
   failed+=("soak")

@@ -5,6 +5,7 @@
 //! depths finds what drives the peer hardest; its best is the ceiling a sync's rate is read
 //! against (a copy that reads the origin while it writes can only come below it).
 use crate::fixtures::rate;
+use crate::process::{CpuSplit, etcd_pid};
 use aether_harness::{EtcdFlavor, EtcdServer};
 use aether_operator::keys;
 use etcd_client::{Client, GetOptions, Txn, TxnOp};
@@ -26,6 +27,8 @@ pub struct WriteLimit {
     pub depth: usize,
     /// Every point of the sweep: "C conn x D deep: R keys/s".
     pub sweep: Vec<String>,
+    /// Where the CPU went at the best point (the peers' etcds, this writer).
+    pub cpu: String,
 }
 
 /// The subtree of region a on `origin`, in memory.
@@ -71,13 +74,18 @@ pub async fn peer_write_limit(kvs: &[(Vec<u8>, Vec<u8>)], peers: usize) -> anyho
             }
             clients.push(each);
         }
+        let mut pids: Vec<(String, String)> =
+            fresh.iter().map(|p| (format!("peer etcd {}", p.name()), etcd_pid(p))).collect();
+        pids.push(("writer".into(), "self".into()));
+        let split = CpuSplit::start(pids);
         let start = Instant::now();
         futures::future::try_join_all(clients.iter().map(|each| write_all(kvs, each, depth))).await?;
         let took = start.elapsed();
+        let cpu = split.report();
         let keys_per_s = rate(kvs.len() * peers, took);
         sweep.push(format!("{connections} conn x {depth} deep: {keys_per_s:.0} keys/s"));
         if best.as_ref().is_none_or(|b| keys_per_s > b.keys_per_s) {
-            best = Some(WriteLimit { keys_per_s, connections, depth, sweep: Vec::new() });
+            best = Some(WriteLimit { keys_per_s, connections, depth, sweep: Vec::new(), cpu });
         }
     }
     let mut best = best.expect("the sweep has points");

@@ -6,7 +6,7 @@ use crate::fixtures::{
     raw_copy_client, spawn_worker, tempfile_dir, wait_count, wait_synced,
 };
 use crate::limit::{peer_write_limit, read_subtree};
-use crate::process::{WorkerProcess, busy_percent, cpu_seconds, machine_ticks};
+use crate::process::{CpuSplit, WorkerProcess, busy_percent, cpu_seconds, etcd_pid, machine_ticks};
 use crate::table::Table;
 use aether_harness::{EtcdFlavor, EtcdServer, ManagedProcess};
 use aether_operator::keys;
@@ -35,8 +35,12 @@ pub async fn bench_sync(table: &mut Table) -> anyhow::Result<()> {
             targets.iter().enumerate().map(|(i, t)| (peer_names[i].to_string(), t.endpoint())).collect();
         let ticks = machine_ticks();
         let mut worker = WorkerProcess::start(&origin.endpoint(), &specs)?;
+        let mut pids = vec![("origin etcd".to_string(), etcd_pid(&origin)), ("mirror".into(), worker.pid())];
+        pids.extend(targets.iter().map(|t| (format!("peer etcd {}", t.name()), etcd_pid(t))));
+        let split = CpuSplit::start(pids);
         let elapsed = worker.wait_synced()?;
         let (busy, worker_cpu) = (busy_percent(ticks, machine_ticks()), worker.cpu_seconds());
+        let sync_cpu = split.report();
         let rss_kb = worker.peak_kb();
         drop(worker);
         for t in &targets {
@@ -61,15 +65,24 @@ pub async fn bench_sync(table: &mut Table) -> anyhow::Result<()> {
             ),
             serde_json::json!({"share_of_write_limit": mirror_rate / limit.keys_per_s}),
         );
+        // Where the CPU went: what the 2 cores could give, and what the origin's reads cost
+        // beside the peers' writes (the limit row reads nothing).
+        table.row(
+            &format!("sync {SYNC_KEYS} keys, {peers} peer(s)"),
+            "this mirror: CPU by process (from the worker's start)",
+            "-".into(),
+            sync_cpu,
+        );
         table.row_with(
             &format!("sync {SYNC_KEYS} keys, {peers} peer(s)"),
             "the peer's write limit (keys pre-read; Txns of 126 puts)",
             format!("{:.0} keys/s", limit.keys_per_s),
             format!(
-                "best at {} connections x {} in flight per peer; sweep: {}",
+                "best at {} connections x {} in flight per peer; sweep: {}; at the best, {}",
                 limit.connections,
                 limit.depth,
-                limit.sweep.join(", ")
+                limit.sweep.join(", "),
+                limit.cpu
             ),
             serde_json::json!({"connections": limit.connections, "depth": limit.depth}),
         );

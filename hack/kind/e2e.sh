@@ -17,6 +17,11 @@
 #      --grace-period=0 (the API object goes at once; the kubelet still stops the container with
 #      SIGTERM and its 2 s minimum grace): no key of a missing on b, no new ResyncStarted event,
 #      regionpeering a Ready under the new leader within AETHER_E2E_FORCED_READY_BOUND s;
+#   4b. crashed leader in a: the leader's operator process SIGKILLed in its node (ctr task kill: no
+#      SIGTERM, the leader Lease is not released, nothing is revoked); the kubelet restarts the
+#      container in its Pod (same identity) or the standby waits the Lease out; whichever leads
+#      must adopt the leases before they lapse: no key of a missing on b, no new ResyncStarted, a
+#      new LeasesAdopted and regionpeering a Ready within AETHER_E2E_FORCED_READY_BOUND s;
 #   5. metrics over HTTPS: a ServiceAccount bound to the chart's metrics-reader ClusterRole, its
 #      token (kubectl create token), /metrics of the leader through kubectl port-forward and curl
 #      from this host: 200 with the operator's aether_federation_ families; no token 401, a bogus
@@ -47,7 +52,11 @@
 #      registry-etcd-peer-b; the leader restarts its mirror worker for b (its log) within
 #      --refresh-seconds + AETHER_E2E_STATUS_MARGIN s and adopts the leases, no Pod restarted or
 #      replaced, the same leader, and a key put into a afterwards reaches b;
-#   9. helm uninstall in both clusters through the chart's pre-delete hook: the hook Job succeeds,
+#   7b. a third region joins (federation.sh up a b c; the chart installed in c with peers a and b, a's
+#      and b's releases upgraded with c as a peer): every RegionPeering Ready with two peers, c's
+#      keys on a and b, a's and b's subtrees on c; a -> b and b -> a not re-synced, no key of a
+#      missing on b meanwhile;
+#   9. helm uninstall in every cluster through the chart's pre-delete hook: the hook Job succeeds,
 #      the RegionPeering and every object of the release go, nothing is left Terminating in the
 #      namespace, helm lists no release, the CRDs stay (Established; Helm never deletes crds/).
 #
@@ -60,7 +69,8 @@
 # default 60), AETHER_E2E_LAPSE_MARGIN (s, default 5), AETHER_E2E_STATUS_MARGIN (s, default 10: on
 # top of b's acceptable pause and status refresh), AETHER_E2E_RECOVERY_TIMEOUT (s, default 180);
 # AETHER_E2E_PLUGIN (a kubectl-aether binary to use instead of target/'s); AETHER_E2E_UPGRADE,
-# AETHER_E2E_ROTATION, AETHER_E2E_UNINSTALL (1, the default, runs steps 7, 8, 9; 0 skips one),
+# AETHER_E2E_THREE, AETHER_E2E_ROTATION, AETHER_E2E_UNINSTALL (1, the default, runs steps 7, 7b, 8,
+# 9; 0 skips one),
 # AETHER_E2E_UPGRADE_TIMEOUT (s, default 300, each roll), AETHER_E2E_LOAD_RATE (keys/s, default 100),
 # AETHER_E2E_LOAD_BATCH (puts per etcdctl txn, default 10), AETHER_E2E_LOAD_POOL (distinct keys,
 # default 200), AETHER_E2E_ROTATION_TIMEOUT (s, default 60), AETHER_E2E_UNINSTALL_TIMEOUT (s,
@@ -94,6 +104,7 @@ LOAD_RATE=${AETHER_E2E_LOAD_RATE:-100}
 LOAD_BATCH=${AETHER_E2E_LOAD_BATCH:-10}
 LOAD_POOL=${AETHER_E2E_LOAD_POOL:-200}
 ROTATION=${AETHER_E2E_ROTATION:-1}
+THREE=${AETHER_E2E_THREE:-1}
 ROTATION_TIMEOUT=${AETHER_E2E_ROTATION_TIMEOUT:-60}
 UNINSTALL=${AETHER_E2E_UNINSTALL:-1}
 UNINSTALL_TIMEOUT=${AETHER_E2E_UNINSTALL_TIMEOUT:-300}
@@ -137,7 +148,7 @@ prefix_of() { echo "/aether/v1/regions/$1/"; }
 endpoint_key() { # REGION I: the v1 layout of operator/src/keys.rs
   echo "/aether/v1/regions/$1/clusters/kind-$1/services/echo/protocols/http/endpoints/10.$2.$(($3 / 250)).$(($3 % 250 + 1))"
 }
-region_index() { case $1 in a) echo 1 ;; b) echo 2 ;; *) echo 9 ;; esac; }
+region_index() { case $1 in a) echo 1 ;; b) echo 2 ;; c) echo 3 ;; *) echo 9 ;; esac; }
 rp_field() { k "$1" -n "$NS" get regionpeering "$1" -o jsonpath="$2" 2>/dev/null; }
 ready_status() { rp_field "$1" '{.status.conditions[?(@.type=="Ready")].status}'; }
 rp_summary() { # REGION: what a person would look at
@@ -414,10 +425,10 @@ read -ra hook_flags <<<"$("$kind_dir/images.sh" --helm-set)"
 say "operator image flags: ${image_flags[*]}; hook image flags: ${hook_flags[*]}"
 
 # --- 2. helm install, one RegionPeering per region from the chart's values --------------------------
-installed_ms=()
-for r in "${REGIONS[@]}"; do
-  phase="helm install aether-$r"
-  peers=() peer_secrets=()
+# install_region REGION: helm upgrade --install of the packaged chart with every other region of
+# REGIONS as a peer (each over its node's NodePort, with the Secret federation.sh made for it).
+install_region() {
+  local r=$1 p ip peers=() peer_secrets=()
   for p in "${REGIONS[@]}"; do
     [[ $p == "$r" ]] && continue
     ip=$(node_ip "$p")
@@ -425,16 +436,21 @@ for r in "${REGIONS[@]}"; do
     peers+=("$p=https://$ip:$NODEPORT")
     peer_secrets+=(--set "regionPeering.peerTlsSecrets.$p=registry-etcd-peer-$p")
   done
-  t=$(now_ms)
   h "$r" upgrade --install "$RELEASE" "$chart_tgz" -n "$NS" --wait --timeout 300s \
     "${image_flags[@]}" "${hook_flags[@]}" \
     --set regionPeering.enabled=true --set "regionPeering.region=$r" \
     --set "regionPeering.localEtcd.endpoints={https://registry-etcd.$NS.svc:2379}" \
     --set regionPeering.localEtcd.tlsSecret=registry-etcd-local \
     --set "regionPeering.peerEtcd={$(IFS=,; echo "${peers[*]}")}" "${peer_secrets[@]}" \
-    >"$log_dir/aether-kind-e2e-helm-$r.log" 2>&1 || { cat "$log_dir/aether-kind-e2e-helm-$r.log" >&2; fail "helm install into aether-$r"; }
+    >"$log_dir/aether-kind-e2e-helm-$r.log" 2>&1 || { cat "$log_dir/aether-kind-e2e-helm-$r.log" >&2; fail "helm upgrade --install into aether-$r"; }
   k "$r" -n "$NS" rollout status "deployment/$RELEASE" --timeout 120s >/dev/null \
     || fail "deployment/$RELEASE in aether-$r: not rolled out within 120 s"
+}
+installed_ms=()
+for r in "${REGIONS[@]}"; do
+  phase="helm install aether-$r"
+  t=$(now_ms)
+  install_region "$r"
   record "helm install aether-$r (--wait: both replicas Ready)" "$(secs $(($(now_ms) - t))) s"
   installed_ms[${#installed_ms[@]}]=$(now_ms)
 done
@@ -578,6 +594,7 @@ leader_handoff() {
   case $mode in
     graceful) label=handoff delete_flags=(--wait=false) ;;
     forced) label="forced handoff" delete_flags=(--force --grace-period=0 --wait=false) ;;
+    crashed) label="crashed leader" ;;
     *) fail "leader_handoff: unknown mode '$mode'" ;;
   esac
   phase="leader handoff ($mode)"
@@ -614,8 +631,22 @@ leader_handoff() {
     IFS='|' read -r h_now h_renew h_dur <<<"$line" || true
     [[ $h_now == "$leader" && -n $h_renew ]] && last_renew=$h_renew last_dur=$h_dur
   fi
+  local container_id='' restarts_before=0 restarts adopted_now
+  if [[ $mode == crashed ]]; then
+    container_id=$(k "$o" -n "$NS" get pod "$leader" -o jsonpath='{.status.containerStatuses[?(@.name=="operator")].containerID}')
+    restarts_before=$(leader_restarts "$leader")
+    container_id=${container_id#containerd://}
+    [[ -n $container_id && -n $restarts_before ]] || fail "no running operator container in the leader Pod $leader"
+  fi
   t0=$(now_ms)
-  k "$o" -n "$NS" delete pod "$leader" "${delete_flags[@]}" >/dev/null || fail "kubectl delete pod $leader ${delete_flags[*]}"
+  if [[ $mode == crashed ]]; then
+    # SIGKILL straight to the container's process, as an OOM kill or a node's crash would: no
+    # SIGTERM, so the leader Lease is not released and the mirror leases are not touched.
+    docker exec "$(node_of "$o")" ctr -n k8s.io task kill --signal SIGKILL "$container_id" >/dev/null \
+      || fail "ctr task kill --signal SIGKILL $container_id (the leader $leader's operator container)"
+  else
+    k "$o" -n "$NS" delete pod "$leader" "${delete_flags[@]}" >/dev/null || fail "kubectl delete pod $leader ${delete_flags[*]}"
+  fi
   while :; do
     elapsed=$(($(now_ms) - t0))
     if keys=$(ectl "$p" get --prefix --keys-only "$pre" 2>&1); then
@@ -645,8 +676,21 @@ leader_handoff() {
       t_takeover=$(now_ms) new_leader=$h_now
       say "$label: Lease $LEASE_NAME held by $new_leader after $(secs $((t_takeover - t0))) s"
     fi
+    # A crashed leader's container is restarted in its Pod by the kubelet, with the same identity:
+    # it may take its own Lease back before the standby can.
+    if [[ $mode == crashed && -z $t_takeover && $h_now == "$leader" ]]; then
+      restarts=$(leader_restarts "$leader")
+      if [[ -n $restarts ]] && ((restarts > restarts_before)); then
+        t_takeover=$(now_ms) new_leader=$leader
+        say "$label: $leader's container restarted by the kubelet ($restarts_before -> $restarts restarts) and holding the Lease after $(secs $((t_takeover - t0))) s"
+      fi
+    fi
     if [[ -n $new_leader && -z $t_ready ]]; then
-      if [[ $(rp_field "$o" '{.status.leader}') == "$new_leader" && $(ready_status "$o") == True ]]; then
+      # After a crash the status still says Ready under the old leader (nobody wrote it since): a
+      # new worker is running once it adopted the leases (a new LeasesAdopted event).
+      adopted_now=1
+      [[ $mode == crashed ]] && { (($(event_count LeasesAdopted) > adopted_events_before)) || adopted_now=''; }
+      if [[ -n $adopted_now && $(rp_field "$o" '{.status.leader}') == "$new_leader" && $(ready_status "$o") == True ]]; then
         t_ready=$(now_ms)
         say "$label: regionpeering/$o Ready under $new_leader after $(secs $((t_ready - t0))) s"
       fi
@@ -659,7 +703,13 @@ leader_handoff() {
     fi
     sleep 0.3
   done
-  record "$label: leader Pod deleted to Lease held by the standby" "$(secs $((t_takeover - t0))) s"
+  if [[ $mode == crashed ]]; then
+    local who="the standby $new_leader"
+    [[ $new_leader == "$leader" ]] && who="$leader itself, restarted in its Pod"
+    record "$label: SIGKILL to the Lease held again (by $who)" "$(secs $((t_takeover - t0))) s"
+  else
+    record "$label: leader Pod deleted to Lease held by the standby" "$(secs $((t_takeover - t0))) s"
+  fi
   # Informational: was the Lease released (its holder seen empty) or waited out? The standby
   # notices either only at its next try, so the takeover time alone does not tell.
   local expiry_ms how
@@ -674,11 +724,15 @@ leader_handoff() {
   fi
   say "$label: the leader Lease was $how"
   record "$label: leader Lease" "$how"
-  record "$label: leader Pod deleted to regionpeering/$o Ready under it" "$(secs $((t_ready - t0))) s"
-  if [[ $mode == forced ]]; then
+  if [[ $mode == crashed ]]; then
+    record "$label: SIGKILL to regionpeering/$o Ready under a worker that adopted the leases" "$(secs $((t_ready - t0))) s"
+  else
+    record "$label: leader Pod deleted to regionpeering/$o Ready under it" "$(secs $((t_ready - t0))) s"
+  fi
+  if [[ $mode != graceful ]]; then
     ((t_ready - t0 <= FORCED_READY_BOUND * 1000)) \
-      || fail "regionpeering/$o Ready under $new_leader $(secs $((t_ready - t0))) s after the forced delete of $leader: over the bound of $FORCED_READY_BOUND s"
-    say "ok: $label: regionpeering/$o Ready $(secs $((t_ready - t0))) s after the forced delete (bound $FORCED_READY_BOUND s)"
+      || fail "regionpeering/$o Ready under $new_leader $(secs $((t_ready - t0))) s after the $label ($leader): over the bound of $FORCED_READY_BOUND s"
+    say "ok: $label: regionpeering/$o Ready $(secs $((t_ready - t0))) s after it (bound $FORCED_READY_BOUND s)"
   fi
   say "$label: $polls reads of aether-$p's copy over $(secs $(($(now_ms) - t0))) s (at least the lease TTL + a keepalive interval), $n_expected keys of $o present in every one; $errors failed reads"
   local resyncs_after resync_events_after adopted_events_after meta_after reput
@@ -703,8 +757,12 @@ leader_handoff() {
   record "$label: keys of $o re-put on $p by the new leader" "$reput of $n_expected"
   rp_summary "$o" >&2
 }
+leader_restarts() { # POD: restarts of its operator container
+  k "$o" -n "$NS" get pod "$1" -o jsonpath='{.status.containerStatuses[?(@.name=="operator")].restartCount}' 2>/dev/null
+}
 leader_handoff graceful
 leader_handoff forced
+leader_handoff crashed
 
 # --- 6. Metrics over HTTPS, with a ServiceAccount token ---------------------------------------------
 # The chart (metrics.secure, default true) serves /metrics, /healthz and /readyz on one HTTPS port
@@ -1496,16 +1554,90 @@ uninstall_release() { # REGION
   say "ok: uninstall aether-$r: hook Job succeeded, regionpeering/$r and every object of the release gone, nothing Terminating in $NS, the CRDs kept and Established"
 }
 uninstall_all() {
-  local r n
-  for r in "$o" "$p"; do uninstall_release "$r"; done
+  local r q n
+  for r in "${REGIONS[@]}"; do uninstall_release "$r"; done
   # Informational: deletionPolicy Lapse (the default) leaves the copies to lapse with their leases.
-  for r in "$o" "$p"; do
-    n=$(count_of "$([[ $r == "$o" ]] && echo "$p" || echo "$o")" "$(prefix_of "$r")" || true)
-    say "uninstall: $r's copy on its peer holds $n keys now (deletionPolicy Lapse: they lapse with their leases)"
+  for r in "${REGIONS[@]}"; do
+    for q in "${REGIONS[@]}"; do
+      [[ $q == "$r" ]] && continue
+      n=$(count_of "$q" "$(prefix_of "$r")" || true)
+      say "uninstall: $r's copy on $q holds $n keys now (deletionPolicy Lapse: they lapse with their leases)"
+    done
   done
 }
 
+# --- 8b. A third region joins: c ------------------------------------------------------------------
+# federation.sh up a b c adds aether-c (its etcd, users mirror-a and mirror-b on it, mirror-c on a's
+# and b's etcds, the Secrets for every pair) and keeps a and b; the operator image goes into c; the
+# chart is installed in c with peers a and b, and a's and b's releases are upgraded with c as a
+# second peer. Checked: every RegionPeering Ready with two peers; c's keys on a and on b, a's and
+# b's subtrees on c, each equal to its origin; adding c did not re-sync a -> b or b -> a (their
+# peers' resyncs unchanged) and never lost a key of a on b (read throughout).
+join_third_region() {
+  local c=c r q t t0 ri n before_a before_b after_a after_b peers_of expected polls=0 keys
+  phase="federation.sh up a b c"
+  REGIONS=(a b c)   # from here on the dump and the teardown include c
+  before_a=$(rp_field a '{.status.peers[?(@.region=="b")].replication.resyncs}')
+  before_b=$(rp_field b '{.status.peers[?(@.region=="a")].replication.resyncs}')
+  expected=$(ectl b get --prefix --keys-only "$(prefix_of a)" | sed '/^$/d') || fail "reading a's subtree on aether-b"
+  t0=$(now_ms)
+  heavy "$kind_dir/federation.sh" up a b c >"$log_dir/aether-kind-e2e-up-c.log" 2>&1 \
+    || { tail -n 40 "$log_dir/aether-kind-e2e-up-c.log" >&2; fail "hack/kind/federation.sh up a b c"; }
+  record "third region: federation.sh up a b c (aether-c created, a and b kept)" "$(secs $(($(now_ms) - t0))) s"
+  phase="load-operator.sh c"
+  t=$(now_ms)
+  heavy "$kind_dir/load-operator.sh" c >/dev/null || fail "hack/kind/load-operator.sh c"
+  docker exec "$(node_of c)" ctr -n k8s.io images ls -q "name==$hook_image" | grep -qxF "$hook_image" \
+    || heavy "$kind_dir/images.sh" load aether-c >/dev/null || fail "hack/kind/images.sh load aether-c"
+  record "third region: load-operator.sh c" "$(secs $(($(now_ms) - t))) s"
+  phase="helm install aether-c, c as a peer of a and b"
+  t=$(now_ms)
+  for r in c a b; do install_region "$r"; done
+  record "third region: helm install c, helm upgrade a and b with c as a peer" "$(secs $(($(now_ms) - t))) s"
+  # Every RegionPeering Ready with both its peers; b's copy of a read throughout.
+  phase="three regions Ready"
+  t=$(now_ms)
+  while :; do
+    keys=$(ectl b get --prefix --keys-only "$(prefix_of a)" 2>/dev/null | sed '/^$/d') && {
+      polls=$((polls + 1))
+      [[ $keys == "$expected" ]] || { diff <(echo "$expected") <(echo "$keys") | grep '^[<>]' | head -n 20 >&2; fail "a key of a went missing (or appeared) on aether-b while c joined"; }
+    }
+    n=0
+    for r in a b c; do
+      peers_of=$(rp_field "$r" '{.status.peers[*].region}')
+      [[ $(ready_status "$r") == True && $(wc -w <<<"$peers_of") == 2 ]] && n=$((n + 1))
+    done
+    ((n == 3)) && break
+    if (($(now_ms) - t > READY_TIMEOUT * 1000)); then
+      for r in a b c; do echo "e2e: regionpeering/$r:" >&2; rp_summary "$r" >&2; done
+      fail "not every RegionPeering Ready with two peers within $READY_TIMEOUT s of c joining"
+    fi
+    sleep 1
+  done
+  record "third region: helm done to a, b, c Ready with two peers each" "$(secs $(($(now_ms) - t))) s"
+  # c's keys reach a and b; a's and b's subtrees reach c.
+  phase="data path with three regions"
+  ri=$(region_index c)
+  ectl c del --prefix "/aether/v1/regions/c/clusters/kind-c/" >/dev/null || fail "clearing c's test keys"
+  for ((i = 0; i < N_KEYS; i++)); do
+    ectl c put "$(endpoint_key c "$ri" "$i")" "{\"clusterName\":\"kind-c\",\"region\":\"c\",\"i\":$i}" >/dev/null \
+      || fail "etcdctl put into aether-c's registry etcd"
+  done
+  t=$(now_ms)
+  for q in a b; do wait_copy c "$q" "c's $N_KEYS keys on aether-$q" || fail "c's keys did not reach aether-$q"; done
+  record "third region: $N_KEYS keys put into c to visible on a and b" "$(secs $(($(now_ms) - t))) s"
+  for q in a b; do wait_copy "$q" c "$q's subtree on aether-c" || fail "$q's subtree did not reach aether-c"; done
+  # Adding a peer is not a reason to re-sync the others.
+  after_a=$(rp_field a '{.status.peers[?(@.region=="b")].replication.resyncs}')
+  after_b=$(rp_field b '{.status.peers[?(@.region=="a")].replication.resyncs}')
+  [[ $after_a == "$before_a" && $after_b == "$before_b" ]] \
+    || fail "c joining re-synced an existing mirror: a -> b resyncs $before_a -> $after_a, b -> a $before_b -> $after_b"
+  say "ok: third region: a, b, c Ready with two peers each; c's keys on a and b, a's and b's on c; a -> b and b -> a not re-synced ($after_a, $after_b); a's $(wc -l <<<"$expected") keys on b in all $polls reads"
+  o=a p=b
+}
+
 if [[ $UPGRADE == 1 ]]; then upgrade_and_rollback; else say "upgrade and rollback: SKIPPED (AETHER_E2E_UPGRADE=$UPGRADE)"; fi
+if [[ $THREE == 1 ]]; then join_third_region; else say "third region: SKIPPED (AETHER_E2E_THREE=$THREE)"; fi
 if [[ $ROTATION == 1 ]]; then rotate_peer_secret; else say "secret rotation: SKIPPED (AETHER_E2E_ROTATION=$ROTATION)"; fi
 if [[ $UNINSTALL == 1 ]]; then uninstall_all; else say "helm uninstall: SKIPPED (AETHER_E2E_UNINSTALL=$UNINSTALL)"; fi
 
