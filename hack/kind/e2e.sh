@@ -22,6 +22,8 @@
 #      container in its Pod (same identity) or the standby waits the Lease out; whichever leads
 #      must adopt the leases before they lapse: no key of a missing on b, no new ResyncStarted, a
 #      new LeasesAdopted and regionpeering a Ready within AETHER_E2E_FORCED_READY_BOUND s;
+#   4c. lost leader in a: the same SIGKILL, and its Pod force-deleted with it (its node lost): the
+#      Lease is never released, the standby waits it out; the same checks;
 #   5. metrics over HTTPS: a ServiceAccount bound to the chart's metrics-reader ClusterRole, its
 #      token (kubectl create token), /metrics of the leader through kubectl port-forward and curl
 #      from this host: 200 with the operator's aether_federation_ families; no token 401, a bogus
@@ -595,6 +597,7 @@ leader_handoff() {
     graceful) label=handoff delete_flags=(--wait=false) ;;
     forced) label="forced handoff" delete_flags=(--force --grace-period=0 --wait=false) ;;
     crashed) label="crashed leader" ;;
+    lost) label="lost leader" delete_flags=(--force --grace-period=0 --wait=false) ;;
     *) fail "leader_handoff: unknown mode '$mode'" ;;
   esac
   phase="leader handoff ($mode)"
@@ -632,19 +635,24 @@ leader_handoff() {
     [[ $h_now == "$leader" && -n $h_renew ]] && last_renew=$h_renew last_dur=$h_dur
   fi
   local container_id='' restarts_before=0 restarts adopted_now
-  if [[ $mode == crashed ]]; then
+  if [[ $mode == crashed || $mode == lost ]]; then
     container_id=$(k "$o" -n "$NS" get pod "$leader" -o jsonpath='{.status.containerStatuses[?(@.name=="operator")].containerID}')
     restarts_before=$(leader_restarts "$leader")
     container_id=${container_id#containerd://}
     [[ -n $container_id && -n $restarts_before ]] || fail "no running operator container in the leader Pod $leader"
   fi
   t0=$(now_ms)
-  if [[ $mode == crashed ]]; then
+  if [[ $mode == crashed || $mode == lost ]]; then
     # SIGKILL straight to the container's process, as an OOM kill or a node's crash would: no
     # SIGTERM, so the leader Lease is not released and the mirror leases are not touched.
     docker exec "$(node_of "$o")" ctr -n k8s.io task kill --signal SIGKILL "$container_id" >/dev/null \
       || fail "ctr task kill --signal SIGKILL $container_id (the leader $leader's operator container)"
-  else
+  fi
+  if [[ $mode == lost ]]; then
+    # ... and its Pod gone with it, as when its node is lost: nothing can take the Lease back under
+    # the old identity; the standby must wait it out.
+    k "$o" -n "$NS" delete pod "$leader" "${delete_flags[@]}" >/dev/null || fail "kubectl delete pod $leader ${delete_flags[*]}"
+  elif [[ $mode != crashed ]]; then
     k "$o" -n "$NS" delete pod "$leader" "${delete_flags[@]}" >/dev/null || fail "kubectl delete pod $leader ${delete_flags[*]}"
   fi
   while :; do
@@ -689,7 +697,7 @@ leader_handoff() {
       # After a crash the status still says Ready under the old leader (nobody wrote it since): a
       # new worker is running once it adopted the leases (a new LeasesAdopted event).
       adopted_now=1
-      [[ $mode == crashed ]] && { (($(event_count LeasesAdopted) > adopted_events_before)) || adopted_now=''; }
+      [[ $mode == crashed || $mode == lost ]] && { (($(event_count LeasesAdopted) > adopted_events_before)) || adopted_now=''; }
       if [[ -n $adopted_now && $(rp_field "$o" '{.status.leader}') == "$new_leader" && $(ready_status "$o") == True ]]; then
         t_ready=$(now_ms)
         say "$label: regionpeering/$o Ready under $new_leader after $(secs $((t_ready - t0))) s"
@@ -703,7 +711,9 @@ leader_handoff() {
     fi
     sleep 0.3
   done
-  if [[ $mode == crashed ]]; then
+  if [[ $mode == lost ]]; then
+    record "$label: SIGKILL and forced delete to Lease held by the standby" "$(secs $((t_takeover - t0))) s"
+  elif [[ $mode == crashed ]]; then
     local who="the standby $new_leader"
     [[ $new_leader == "$leader" ]] && who="$leader itself, restarted in its Pod"
     record "$label: SIGKILL to the Lease held again (by $who)" "$(secs $((t_takeover - t0))) s"
@@ -715,6 +725,8 @@ leader_handoff() {
   local expiry_ms how
   if [[ -n $emptied ]]; then
     how="released by $leader (holderIdentity seen empty before $new_leader took it)"
+  elif [[ $new_leader == "$leader" ]]; then
+    how="kept by $leader: its restarted container holds it under the same identity (never released)"
   else
     how="never seen released by $leader"
     if [[ -n $last_renew && -n $last_dur ]] && expiry_ms=$(date -d "$last_renew" +%s%3N 2>/dev/null); then
@@ -724,7 +736,7 @@ leader_handoff() {
   fi
   say "$label: the leader Lease was $how"
   record "$label: leader Lease" "$how"
-  if [[ $mode == crashed ]]; then
+  if [[ $mode == crashed || $mode == lost ]]; then
     record "$label: SIGKILL to regionpeering/$o Ready under a worker that adopted the leases" "$(secs $((t_ready - t0))) s"
   else
     record "$label: leader Pod deleted to regionpeering/$o Ready under it" "$(secs $((t_ready - t0))) s"
@@ -763,6 +775,7 @@ leader_restarts() { # POD: restarts of its operator container
 leader_handoff graceful
 leader_handoff forced
 leader_handoff crashed
+leader_handoff lost
 
 # --- 6. Metrics over HTTPS, with a ServiceAccount token ---------------------------------------------
 # The chart (metrics.secure, default true) serves /metrics, /healthz and /readyz on one HTTPS port
