@@ -22,8 +22,10 @@
 #      container in its Pod (same identity) or the standby waits the Lease out; whichever leads
 #      must adopt the leases before they lapse: no key of a missing on b, no new ResyncStarted, a
 #      new LeasesAdopted and regionpeering a Ready within AETHER_E2E_FORCED_READY_BOUND s;
-#   4c. lost leader in a: the same SIGKILL, and its Pod force-deleted with it (its node lost): the
-#      Lease is never released, the standby waits it out; the same checks;
+#   4c. lost leader in a: its operator's processes frozen (SIGSTOP in its node: silent, renewing and
+#      releasing nothing, as behind a lost node) and its Pod force-deleted; the kubelet's SIGTERM
+#      stays pending behind the stop and nothing restarts it in a deleted Pod: the Lease is never
+#      released, the standby waits it out; the same checks;
 #   5. metrics over HTTPS: a ServiceAccount bound to the chart's metrics-reader ClusterRole, its
 #      token (kubectl create token), /metrics of the leader through kubectl port-forward and curl
 #      from this host: 200 with the operator's aether_federation_ families; no token 401, a bogus
@@ -642,17 +644,25 @@ leader_handoff() {
     [[ -n $container_id && -n $restarts_before ]] || fail "no running operator container in the leader Pod $leader"
   fi
   t0=$(now_ms)
-  if [[ $mode == crashed || $mode == lost ]]; then
+  if [[ $mode == crashed ]]; then
     # SIGKILL straight to the container's process, as an OOM kill or a node's crash would: no
     # SIGTERM, so the leader Lease is not released and the mirror leases are not touched.
     docker exec "$(node_of "$o")" ctr -n k8s.io task kill --signal SIGKILL "$container_id" >/dev/null \
       || fail "ctr task kill --signal SIGKILL $container_id (the leader $leader's operator container)"
-  fi
-  if [[ $mode == lost ]]; then
-    # ... and its Pod gone with it, as when its node is lost: nothing can take the Lease back under
-    # the old identity; the standby must wait it out.
+  elif [[ $mode == lost ]]; then
+    # Every process of the container stopped, as a leader behind a lost node: it renews nothing and
+    # releases nothing (a SIGKILL alone lets the kubelet restart it under the same identity, and a
+    # forced delete then SIGTERMs the restarted one, which releases the Lease). Then its Pod
+    # force-deleted: the kubelet's SIGTERM stays pending behind the stop, and nothing restarts a
+    # container of a deleted Pod. The standby must wait the Lease out.
+    local pids
+    pids=$(docker exec "$(node_of "$o")" ctr -n k8s.io task ps "$container_id" | awk 'NR > 1 && $1 ~ /^[0-9]+$/ {printf "%s ", $1}') \
+      || fail "ctr task ps $container_id (the leader $leader's operator container)"
+    [[ -n $pids ]] || fail "ctr task ps $container_id listed no process of the leader $leader's operator container"
+    docker exec "$(node_of "$o")" sh -c "kill -STOP $pids" || fail "kill -STOP $pids (the leader $leader's operator processes) in $(node_of "$o")"
+    say "$label: stopped the $(wc -w <<<"$pids") process(es) of $leader's operator container (SIGSTOP)"
     k "$o" -n "$NS" delete pod "$leader" "${delete_flags[@]}" >/dev/null || fail "kubectl delete pod $leader ${delete_flags[*]}"
-  elif [[ $mode != crashed ]]; then
+  else
     k "$o" -n "$NS" delete pod "$leader" "${delete_flags[@]}" >/dev/null || fail "kubectl delete pod $leader ${delete_flags[*]}"
   fi
   while :; do
@@ -712,7 +722,7 @@ leader_handoff() {
     sleep 0.3
   done
   if [[ $mode == lost ]]; then
-    record "$label: SIGKILL and forced delete to Lease held by the standby" "$(secs $((t_takeover - t0))) s"
+    record "$label: SIGSTOP and forced delete to Lease held by the standby" "$(secs $((t_takeover - t0))) s"
   elif [[ $mode == crashed ]]; then
     local who="the standby $new_leader"
     [[ $new_leader == "$leader" ]] && who="$leader itself, restarted in its Pod"
@@ -734,10 +744,13 @@ leader_handoff() {
       how+="; taken $(secs $((t_takeover - expiry_ms))) s after its last renewal seen ($last_renew) + ${last_dur} s"
     fi
   fi
+  # A lost leader says nothing more: had its Lease been released, the freeze did not hold and the
+  # case tested was another.
+  [[ $mode == lost && -n $emptied ]] && fail "the lost leader $leader's Lease was released (holderIdentity seen empty): its processes were not frozen"
   say "$label: the leader Lease was $how"
   record "$label: leader Lease" "$how"
   if [[ $mode == crashed || $mode == lost ]]; then
-    record "$label: SIGKILL to regionpeering/$o Ready under a worker that adopted the leases" "$(secs $((t_ready - t0))) s"
+    record "$label: $([[ $mode == lost ]] && echo SIGSTOP || echo SIGKILL) to regionpeering/$o Ready under a worker that adopted the leases" "$(secs $((t_ready - t0))) s"
   else
     record "$label: leader Pod deleted to regionpeering/$o Ready under it" "$(secs $((t_ready - t0))) s"
   fi
