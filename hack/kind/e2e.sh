@@ -629,7 +629,7 @@ leader_handoff() {
 
   # Read b's copy at least for the lease TTL plus a keepalive interval (and 5 s): a lapse would show.
   local min_watch_ms=$(((ttl + ka + 5) * 1000))
-  local t0 polls=0 errors=0 t_takeover='' t_ready='' new_leader='' elapsed keys h_now h_renew h_dur line last_renew='' last_dur='' emptied=''
+  local t0 polls=0 errors=0 t_takeover='' t_ready='' new_leader='' elapsed keys h_now h_renew h_dur line last_renew='' last_dur='' emptied_ms=''
   # The Lease as the leader last renewed it before the delete (a released Lease may never show the
   # old holder again).
   if line=$(lease_line) && [[ -n $line ]]; then
@@ -651,8 +651,8 @@ leader_handoff() {
       || fail "ctr task kill --signal SIGKILL $container_id (the leader $leader's operator container)"
   elif [[ $mode == lost ]]; then
     # Every process of the container stopped, as a leader behind a lost node: it renews nothing and
-    # releases nothing (a SIGKILL alone lets the kubelet restart it under the same identity, and a
-    # forced delete then SIGTERMs the restarted one, which releases the Lease). Then its Pod
+    # releases nothing (after a SIGKILL alone the kubelet restarts it under the same identity within
+    # seconds, and what holds the Lease then is a race with the forced delete). Then its Pod
     # force-deleted: the kubelet's SIGTERM stays pending behind the stop, and nothing restarts a
     # container of a deleted Pod. The standby must wait the Lease out.
     local pids
@@ -685,7 +685,7 @@ leader_handoff() {
     h_now='' h_renew='' h_dur=''
     if line=$(lease_line) && [[ -n $line ]]; then
       IFS='|' read -r h_now h_renew h_dur <<<"$line" || true
-      [[ -z $t_takeover && -z $h_now ]] && emptied=1
+      [[ -z $t_takeover && -z $h_now && -z $emptied_ms ]] && emptied_ms=$(now_ms)
     fi
     # The old holder's last renewal seen: did the standby wait for its Lease to expire, or was it
     # released (the old leader releases it on SIGTERM)?
@@ -730,23 +730,36 @@ leader_handoff() {
   else
     record "$label: leader Pod deleted to Lease held by the standby" "$(secs $((t_takeover - t0))) s"
   fi
-  # Informational: was the Lease released (its holder seen empty) or waited out? The standby
-  # notices either only at its next try, so the takeover time alone does not tell.
-  local expiry_ms how
-  if [[ -n $emptied ]]; then
-    how="released by $leader (holderIdentity seen empty before $new_leader took it)"
-  elif [[ $new_leader == "$leader" ]]; then
-    how="kept by $leader: its restarted container holds it under the same identity (never released)"
+  # Was the Lease released or waited out? The standby notices either only at its next try, so the
+  # takeover time alone does not tell. An empty holder is either the old leader's release (on SIGTERM) or a standby clearing a Lease
+  # that expired (kube-lease-manager empties an expired Lease before it locks it): the old holder's
+  # last renewal seen + the Lease's duration tells which.
+  local expiry_ms='' how
+  if [[ -n $last_renew && -n $last_dur ]] && expiry_ms=$(date -d "$last_renew" +%s%3N 2>/dev/null); then
+    expiry_ms=$((expiry_ms + last_dur * 1000))
   else
-    how="never seen released by $leader"
-    if [[ -n $last_renew && -n $last_dur ]] && expiry_ms=$(date -d "$last_renew" +%s%3N 2>/dev/null); then
-      expiry_ms=$((expiry_ms + last_dur * 1000))
-      how+="; taken $(secs $((t_takeover - expiry_ms))) s after its last renewal seen ($last_renew) + ${last_dur} s"
-    fi
+    expiry_ms=''
   fi
-  # A lost leader says nothing more: had its Lease been released, the freeze did not hold and the
-  # case tested was another.
-  [[ $mode == lost && -n $emptied ]] && fail "the lost leader $leader's Lease was released (holderIdentity seen empty): its processes were not frozen"
+  if [[ $new_leader == "$leader" ]]; then
+    how="kept by $leader: its restarted container holds it under the same identity (never released)"
+  elif [[ -n $emptied_ms && (-z $expiry_ms || $emptied_ms -lt $expiry_ms) ]]; then
+    how="released by $leader (holderIdentity seen empty before its Lease expired and before $new_leader took it)"
+  elif [[ -n $expiry_ms ]]; then
+    how="waited out: taken $(secs $((t_takeover - expiry_ms))) s after its last renewal seen ($last_renew) + ${last_dur} s"
+    [[ -n $emptied_ms ]] && how+=" (the standby emptied the expired Lease first)"
+  else
+    how="never seen released by $leader; its last renewal not seen"
+  fi
+  if [[ $mode == lost ]]; then
+    # A lost leader says nothing more: a Lease released before it expired means the freeze did not
+    # hold and another case was tested; a Lease taken before it expired would be a split brain.
+    [[ -n $expiry_ms ]] || fail "the lost leader $leader's last renewal of Lease $LEASE_NAME was never seen: cannot tell whether the standby waited it out"
+    [[ -n $emptied_ms ]] && ((emptied_ms < expiry_ms)) \
+      && fail "the lost leader $leader's Lease was released $(secs $((expiry_ms - emptied_ms))) s before it expired (holderIdentity seen empty): its processes were not frozen"
+    ((t_takeover >= expiry_ms)) \
+      || fail "$new_leader took the Lease of the lost leader $leader $(secs $((expiry_ms - t_takeover))) s before it expired (last renewal seen $last_renew + ${last_dur} s)"
+    say "ok: $label: the standby took the Lease only after it expired ($(secs $((t_takeover - expiry_ms))) s after)"
+  fi
   say "$label: the leader Lease was $how"
   record "$label: leader Lease" "$how"
   if [[ $mode == crashed || $mode == lost ]]; then
