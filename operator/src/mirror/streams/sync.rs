@@ -11,8 +11,9 @@ use crate::mirror::context::{State, Worker};
 use crate::mirror::health::{MirrorEvent, Phase, ResyncCause};
 use crate::mirror::leases::shards::{Layout, needs_reshard, shard_count};
 use crate::mirror::plan::{
-    Kv, MAX_SYNC_INFLIGHT_BYTES, MirrorOp, Oversized, SYNC_GROUP_BYTES, SyncBatcher, distance, enforce_request_limit,
-    group_by_shard, merge_step, next_page_limit, spread_connections, sync_page_size, sync_window,
+    Kv, MAX_SYNC_INFLIGHT_BYTES, MirrorOp, Oversized, SYNC_GROUP_BYTES, SyncBatcher, SyncReads, distance,
+    enforce_request_limit, group_by_shard, merge_step, next_page_limit, spread_connections, sync_page_size,
+    sync_window,
 };
 use crate::mirror::streams::apply::Applied;
 use crate::mirror::streams::spread::Spread;
@@ -108,9 +109,9 @@ impl Worker {
         // group it by lease (at 20k keys the grants took 55 ms and that read 73 ms, one after
         // the other).
         let page_size = sync_page_size(self.config.page_size, snapshot.total);
-        let mut peer_pages = Pages::from(&prefix, None, page_size);
+        let mut peer_pages = Pages::peer(&prefix, page_size);
         let first_peer_page = self.next_page(peer, &mut peer_pages, &range_end);
-        let mut origin_pages = Pages::from(&prefix, Some(snapshot.revision), page_size);
+        let mut origin_pages = Pages::origin(&prefix, snapshot.revision, page_size);
         let ahead = if state.auth_binds { SYNC_GROUP_BYTES } else { 0 };
         let read_ahead = self.read_ahead(local, &mut origin_pages, &range_end, ahead);
         let lay_out = self.lay_out(peer, state, snapshot.epoch, snapshot.cause);
@@ -443,14 +444,24 @@ impl Worker {
         *nearest
     }
 
-    /// The next page of a subtree read page by page.
+    /// The next page of a subtree read page by page (the origin's reads bounded, `SyncReads`).
     async fn next_page(&self, client: &Client, pages: &mut Pages, range_end: &[u8]) -> anyhow::Result<Vec<Kv>> {
+        let read_end = match &pages.bounds {
+            Some(bounds) => bounds.read_end(&pages.cursor, range_end),
+            None => range_end.to_vec(),
+        };
         let page =
-            self.page_of(pages.size, client, &pages.cursor, range_end, pages.revision, &mut pages.largest).await?;
-        pages.done = !page.more();
+            self.page_of(pages.size, client, &pages.cursor, &read_end, pages.revision, &mut pages.largest).await?;
+        let more = page.more();
         let kvs: Vec<Kv> = page_kvs(page).collect();
-        if let Some(last) = kvs.last() {
-            pages.cursor = next_key(&last.key);
+        let first_last = kvs.first().zip(kvs.last()).map(|(f, l)| (f.key.as_slice(), l.key.as_slice()));
+        let next = match &mut pages.bounds {
+            Some(bounds) => bounds.after_page(&pages.cursor, first_last, more, &read_end, range_end),
+            None => more.then(|| first_last.map_or_else(|| pages.cursor.clone(), |(_, last)| next_key(last))),
+        };
+        match next {
+            Some(cursor) => pages.cursor = cursor,
+            None => pages.done = true,
         }
         Ok(kvs)
     }
@@ -641,11 +652,19 @@ struct Pages {
     largest: usize,
     /// Keys a page asks for (`plan::sync_page_size`).
     size: i64,
+    /// Where each read stops short of the subtree's end: the origin's, next door, where a read
+    /// that comes back short costs a local round trip (`SyncReads`). The peer's read to the end:
+    /// a short read there costs the distance.
+    bounds: Option<SyncReads>,
 }
 
 impl Pages {
-    fn from(prefix: &str, revision: Option<i64>, size: i64) -> Self {
-        Pages { cursor: prefix.as_bytes().to_vec(), revision, done: false, largest: 0, size }
+    fn origin(prefix: &str, revision: i64, size: i64) -> Self {
+        Pages { revision: Some(revision), bounds: Some(SyncReads::default()), ..Pages::peer(prefix, size) }
+    }
+
+    fn peer(prefix: &str, size: i64) -> Self {
+        Pages { cursor: prefix.as_bytes().to_vec(), revision: None, done: false, largest: 0, size, bounds: None }
     }
 }
 
