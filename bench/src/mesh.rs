@@ -6,7 +6,7 @@
 //! region, the RPCs each etcd serves, and the time until the last write of the load is everywhere.
 use crate::fixtures::{count, fill_region, key, value};
 use crate::operator::scrape;
-use crate::process::{WorkerProcess, busy_percent, machine_ticks};
+use crate::process::{Synced, WorkerProcess, busy_percent, cpu_seconds, etcd_pid, machine_ticks};
 use crate::sockets::PeakSampler;
 use crate::table::Table;
 use aether_harness::EtcdServer;
@@ -68,6 +68,9 @@ async fn mesh(table: &mut Table, n: usize) -> anyhow::Result<()> {
     }
 
     // Convergence: every process started at once; each says when all its peers are synced.
+    let etcd_cpu_before: Vec<f64> = regions.iter().map(|r| cpu_seconds(&etcd_pid(&r.etcd))).collect();
+    let rpc_before = futures::future::join_all(regions.iter().map(|r| rpcs(&r.etcd))).await;
+    let ticks = machine_ticks();
     let mut processes = Vec::new();
     for region in &regions {
         let peers: Vec<(String, String)> = regions
@@ -78,25 +81,46 @@ async fn mesh(table: &mut Table, n: usize) -> anyhow::Result<()> {
         processes.push(WorkerProcess::start_as(Some(&region.name), &region.etcd.endpoint(), &peers)?);
     }
     let sampler = PeakSampler::start(client_ports(&regions));
-    let mut converged = Duration::ZERO;
+    let mut synced = Synced::default();
+    let mut each = Vec::new();
     for process in &mut processes {
-        converged = converged.max(process.wait_synced()?);
+        let this = process.wait_synced_counting()?;
+        each.push(this.elapsed.as_secs_f64());
+        synced.merge(this);
     }
     let converging_connections = sampler.stop();
+    let busy = busy_percent(ticks, machine_ticks());
+    let etcd_cpu: f64 =
+        regions.iter().zip(&etcd_cpu_before).map(|(r, before)| cpu_seconds(&etcd_pid(&r.etcd)) - before).sum();
+    let operator_cpu: f64 = processes.iter().map(WorkerProcess::cpu_seconds).sum();
+    let rpc_after = futures::future::join_all(regions.iter().map(|r| rpcs(&r.etcd))).await;
+    let per_etcd = |pick: fn(&(f64, f64)) -> f64| -> f64 {
+        rpc_before.iter().zip(&rpc_after).map(|(b, a)| pick(a) - pick(b)).sum::<f64>() / n as f64
+    };
+    let (reads, writes) = (per_etcd(|r| r.0), per_etcd(|r| r.1));
+    each.sort_by(f64::total_cmp);
+    let converged = synced.elapsed;
     let missing = missing_copies(&regions, ENDPOINTS_PER_REGION as i64).await;
     table.row_with(
         &format!("mesh {n} regions x {ENDPOINTS_PER_REGION} endpoints"),
         "converged",
         format!("{:.1}s", converged.as_secs_f64()),
         format!(
-            "{} processes, {} workers (one per ordered pair); {}; client connections per etcd at their peak while converging: {}",
+            "{} processes, {} workers (one per ordered pair); {}; processes whole after {:.1} s (first) / {:.1} s (median) / {:.1} s (last); {}; CPU meanwhile: etcds {etcd_cpu:.1} s, operators {operator_cpu:.1} s, machine {busy:.0} % busy; per etcd {reads:.0} reads and {writes:.0} writes as RPCs; client connections per etcd at their peak while converging: {}",
             n,
             n * (n - 1),
             if missing == 0 { "every copy complete".to_string() } else { format!("{missing} copies INCOMPLETE") },
+            each.first().unwrap_or(&0.0),
+            each[each.len() / 2],
+            each.last().unwrap_or(&0.0),
+            synced.describe(),
             spread_of(&converging_connections),
         ),
         serde_json::json!({
             "regions": n, "converged_s": converged.as_secs_f64(), "incomplete_copies": missing,
+            "process_synced_s": each, "resyncs": synced.resyncs, "session_failures": synced.session_failures,
+            "last_errors": synced.errors, "etcd_cpu_s": etcd_cpu, "operator_cpu_s": operator_cpu,
+            "machine_busy_percent": busy, "reads_per_etcd": reads, "writes_per_etcd": writes,
             "peak_connections_per_etcd": converging_connections,
         }),
     );

@@ -17,6 +17,53 @@ pub struct WorkerProcess {
     sampler: Option<std::thread::JoinHandle<()>>,
 }
 
+/// What a worker process's peers went through until each held the mirror synced, from the lines
+/// it prints ("synced <peer> resyncs <n> session_failures <m> error <class>").
+#[derive(Debug, Default)]
+pub struct Synced {
+    /// From the process's start until its last peer was synced.
+    pub elapsed: Duration,
+    pub resyncs: u64,
+    /// Sessions that ended in an error (each is retried after a backoff).
+    pub session_failures: u64,
+    /// The class of each peer's last error, for the peers that had one.
+    pub errors: std::collections::BTreeMap<String, u64>,
+}
+
+impl Synced {
+    fn add_line(&mut self, line: &str) {
+        let tokens: Vec<&str> = line.split_whitespace().collect();
+        let after = |name: &str| tokens.iter().position(|t| *t == name).and_then(|i| tokens.get(i + 1)).copied();
+        let number = |name: &str| after(name).and_then(|n| n.parse::<u64>().ok()).unwrap_or(0);
+        self.resyncs += number("resyncs");
+        self.session_failures += number("session_failures");
+        if let Some(class) = after("error").filter(|class| *class != "-") {
+            *self.errors.entry(class.to_string()).or_default() += 1;
+        }
+    }
+
+    /// Adds another process's figures (the elapsed time is the later of the two).
+    pub fn merge(&mut self, other: Synced) {
+        self.elapsed = self.elapsed.max(other.elapsed);
+        self.resyncs += other.resyncs;
+        self.session_failures += other.session_failures;
+        for (class, n) in other.errors {
+            *self.errors.entry(class).or_default() += n;
+        }
+    }
+
+    /// "2 resyncs, 5 sessions ended by an error (last errors: Unavailable x3)".
+    pub fn describe(&self) -> String {
+        let errors: Vec<String> = self.errors.iter().map(|(class, n)| format!("{class} x{n}")).collect();
+        format!(
+            "{} resync(s), {} session(s) ended by an error{}",
+            self.resyncs,
+            self.session_failures,
+            if errors.is_empty() { String::new() } else { format!(" (last errors: {})", errors.join(", ")) }
+        )
+    }
+}
+
 /// CPU seconds (user + system) a process has used, from /proc/<pid>/stat (100 ticks a second).
 pub fn cpu_seconds(pid: &str) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
@@ -145,24 +192,26 @@ impl WorkerProcess {
 
     /// Time from start until every peer reported its initial sync complete.
     pub fn wait_synced(&mut self) -> anyhow::Result<Duration> {
-        Ok(self.wait_synced_counting()?.0)
+        Ok(self.wait_synced_counting()?.elapsed)
     }
 
-    /// Time from start until every peer reported it holds the mirror synced, and the resyncs
-    /// they reported by then.
-    pub fn wait_synced_counting(&mut self) -> anyhow::Result<(Duration, u64)> {
-        let (mut synced, mut resyncs) = (0, 0);
-        while synced < self.peers {
+    /// Time from start until every peer reported it holds the mirror synced, and what the workers
+    /// went through on the way: resyncs, sessions ended by an error, their last errors' classes.
+    pub fn wait_synced_counting(&mut self) -> anyhow::Result<Synced> {
+        let mut synced = Synced::default();
+        let mut peers = 0;
+        while peers < self.peers {
             let Some(line) = self.lines.next() else {
                 anyhow::bail!("the worker process exited before every peer synced");
             };
             let line = line?;
             if line.starts_with("synced") {
-                synced += 1;
-                resyncs += line.rsplit(' ').next().and_then(|n| n.parse::<u64>().ok()).unwrap_or(0);
+                peers += 1;
+                synced.add_line(&line);
             }
         }
-        Ok((self.started.elapsed(), resyncs))
+        synced.elapsed = self.started.elapsed();
+        Ok(synced)
     }
 
     pub fn peak_kb(&self) -> u64 {
@@ -185,8 +234,9 @@ impl Drop for WorkerProcess {
 }
 
 /// The mirror under test, as a process: `worker [--region <r> | --successor] <origin>
-/// <peer>=<endpoint>...`. Prints "synced <peer> resyncs <n>" for each peer once it holds the
-/// mirror synced (its initial sync complete, or a predecessor's adopted), then keeps running.
+/// <peer>=<endpoint>...`. Prints "synced <peer> resyncs <n> session_failures <m> error <class>"
+/// for each peer once it holds the mirror synced (its initial sync complete, or a predecessor's
+/// adopted), then keeps running.
 pub async fn worker_process(args: &[String]) -> anyhow::Result<()> {
     let (region, successor, args) = match args {
         [flag, region, rest @ ..] if flag == "--region" => (Some(region.clone()), false, rest),
@@ -224,10 +274,21 @@ pub async fn worker_process(args: &[String]) -> anyhow::Result<()> {
             ),
         ));
     }
-    for (peer, h) in &handles {
-        wait_synced(h, Duration::from_secs(600)).await?;
-        println!("synced {peer} resyncs {}", h.health().resyncs);
+    // Each peer's line as soon as it is synced, whatever the order.
+    let mut synced: futures::stream::FuturesUnordered<_> = handles
+        .iter()
+        .map(|(peer, h)| async move { wait_synced(h, Duration::from_secs(600)).await.map(|()| (peer, h.health())) })
+        .collect();
+    while let Some(done) = futures::StreamExt::next(&mut synced).await {
+        let (peer, health) = done?;
+        println!(
+            "synced {peer} resyncs {} session_failures {} error {}",
+            health.resyncs,
+            health.session_failures,
+            health.last_error_reason.unwrap_or("-")
+        );
     }
+    drop(synced);
     std::future::pending::<()>().await;
     Ok(())
 }

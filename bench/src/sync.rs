@@ -418,7 +418,8 @@ pub async fn bench_wan_million(table: &mut Table, rtt: Duration) -> anyhow::Resu
     // The handoff: killed, as a crashed Pod is; its leases stay alive only until their TTL.
     drop(first);
     let mut successor = WorkerProcess::start_successor(&origin.endpoint(), &specs)?;
-    let (adopted, resyncs) = successor.wait_synced_counting()?;
+    let taken_over = successor.wait_synced_counting()?;
+    let adopted = taken_over.elapsed;
     let successor_peak = successor.peak_kb();
     let missing_after = KEYS as i64 - count(&pc, &prefix).await;
     // A successor verifies within the page ends its predecessor's sync recorded on the peer.
@@ -432,11 +433,13 @@ pub async fn bench_wan_million(table: &mut Table, rtt: Duration) -> anyhow::Resu
         "this mirror (own process, killed; a successor under another owner)",
         format!("{:.2} s", adopted.as_secs_f64()),
         format!(
-            "until the successor held the mirror synced, from its start; {resyncs} resync(s); its peak RSS {:.1} MiB; {missing_after} keys missing on the peer after",
+            "until the successor held the mirror synced, from its start; {}; its peak RSS {:.1} MiB; {missing_after} keys missing on the peer after",
+            taken_over.describe(),
             successor_peak as f64 / 1024.0,
         ),
         serde_json::json!({
-            "keys": KEYS, "rtt_ms": rtt.as_millis() as u64, "adopted_s": adopted.as_secs_f64(), "resyncs": resyncs,
+            "keys": KEYS, "rtt_ms": rtt.as_millis() as u64, "adopted_s": adopted.as_secs_f64(), "resyncs": taken_over.resyncs,
+            "session_failures": taken_over.session_failures,
             "peak_rss_mib": successor_peak as f64 / 1024.0, "missing": missing_after,
         }),
     );
