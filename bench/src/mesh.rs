@@ -2,8 +2,9 @@
 //! operator's data plane as its own process (`aether-bench worker --region`, the mirror workers of
 //! one operator with the CRD's defaults, without the Kubernetes side), mirroring into every other
 //! region: N processes, N(N-1) workers. Printed for N = 4, 8 and 16: the time until every region
-//! holds every other region's copy, each process's RSS and CPU idle and under 100 writes/s per
-//! region, the RPCs each etcd serves, and the time until the last write of the load is everywhere.
+//! holds every other region's copy (and what the workers went through: resyncs, failed sessions,
+//! CPU), each process's RSS and CPU idle and under 100 writes/s per region (fewer past 16 regions:
+//! `load_rate`), the RPCs each etcd serves, and the time until the last write of the load is everywhere.
 use crate::fixtures::{count, fill_region, key, value};
 use crate::operator::scrape;
 use crate::process::{Synced, WorkerProcess, busy_percent, cpu_seconds, etcd_pid, machine_ticks};
@@ -18,8 +19,19 @@ pub const MESH_SIZES: [usize; 3] = [4, 8, 16];
 const ENDPOINTS_PER_REGION: usize = 1_000;
 /// How long each of the idle and the loaded windows is measured.
 const WINDOW: Duration = Duration::from_secs(30);
-/// Writes per second into each region's own subtree in the loaded window.
+/// Writes per second into each region's own subtree in the loaded window...
 const LOAD_RATE: u64 = 100;
+/// ...unless the copies they cause on this one machine (each write lands on N-1 peers) would pass
+/// this many key writes a second: 16 regions at 100/s. At 32, 100/s each is 99,200 copies a second,
+/// past what 32 etcds on 2 cores take; the window then ran for over 20 minutes, measuring a
+/// backlog rather than the mesh.
+const LOAD_COPIES_PER_SECOND: u64 = 24_000;
+
+/// The loaded window's writes per second into each region of a mesh of `n`.
+fn load_rate(n: usize) -> u64 {
+    let copies_per_write = (n.saturating_sub(1)).max(1) as u64;
+    LOAD_RATE.min(LOAD_COPIES_PER_SECOND / (n as u64 * copies_per_write)).max(1)
+}
 /// How long the mesh may take to converge before the row says it did not.
 const CONVERGE_LIMIT: Duration = Duration::from_secs(300);
 
@@ -118,7 +130,7 @@ async fn mesh(table: &mut Table, n: usize) -> anyhow::Result<()> {
         ),
         serde_json::json!({
             "regions": n, "converged_s": converged.as_secs_f64(), "incomplete_copies": missing,
-            "process_synced_s": each, "resyncs": synced.resyncs, "session_failures": synced.session_failures,
+            "process_synced_s": each, "resyncs": synced.resyncs, "resync_causes": synced.resync_causes, "session_failures": synced.session_failures,
             "last_errors": synced.errors, "etcd_cpu_s": etcd_cpu, "operator_cpu_s": operator_cpu,
             "machine_busy_percent": busy, "reads_per_etcd": reads, "writes_per_etcd": writes,
             "peak_connections_per_etcd": converging_connections,
@@ -127,8 +139,9 @@ async fn mesh(table: &mut Table, n: usize) -> anyhow::Result<()> {
 
     let idle = measure(&regions, &processes, None).await;
     idle.report(table, n, "idle");
-    let loaded = measure(&regions, &processes, Some(LOAD_RATE)).await;
-    loaded.report(table, n, &format!("{LOAD_RATE} writes/s per region"));
+    let rate = load_rate(n);
+    let loaded = measure(&regions, &processes, Some(rate)).await;
+    loaded.report(table, n, &format!("{rate} writes/s per region"));
 
     // The load's last write of every region, on every peer.
     let started = Instant::now();
@@ -319,4 +332,18 @@ impl Window {
 /// The value of `key` on one region's etcd (None when absent or unreadable).
 async fn value_at(client: &Client, key: &str) -> Option<Vec<u8>> {
     client.clone().get(key, None).await.ok().and_then(|r| r.kvs().first().map(|kv| kv.value().to_vec()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_load_keeps_100_writes_per_region_up_to_16_regions_and_the_machines_copy_budget_past_it() {
+        assert_eq!(load_rate(4), 100);
+        assert_eq!(load_rate(16), 100);
+        assert_eq!(load_rate(32), 24, "32 x 31 x 24 = 23,808 copies/s");
+        assert_eq!(load_rate(64), 5);
+        assert!(load_rate(1) >= 1);
+    }
 }

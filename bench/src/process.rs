@@ -18,12 +18,14 @@ pub struct WorkerProcess {
 }
 
 /// What a worker process's peers went through until each held the mirror synced, from the lines
-/// it prints ("synced <peer> resyncs <n> session_failures <m> error <class>").
+/// it prints ("synced <peer> resyncs <n> causes <label>:<n>,... session_failures <m> error <class>").
 #[derive(Debug, Default)]
 pub struct Synced {
     /// From the process's start until its last peer was synced.
     pub elapsed: Duration,
     pub resyncs: u64,
+    /// The resyncs by cause (`ResyncCause::label`).
+    pub resync_causes: std::collections::BTreeMap<String, u64>,
     /// Sessions that ended in an error (each is retried after a backoff).
     pub session_failures: u64,
     /// The class of each peer's last error, for the peers that had one.
@@ -40,6 +42,11 @@ impl Synced {
         if let Some(class) = after("error").filter(|class| *class != "-") {
             *self.errors.entry(class.to_string()).or_default() += 1;
         }
+        for cause in after("causes").filter(|causes| *causes != "-").into_iter().flat_map(|c| c.split(',')) {
+            if let Some((label, n)) = cause.split_once(':') {
+                *self.resync_causes.entry(label.to_string()).or_default() += n.parse::<u64>().unwrap_or(0);
+            }
+        }
     }
 
     /// Adds another process's figures (the elapsed time is the later of the two).
@@ -50,14 +57,21 @@ impl Synced {
         for (class, n) in other.errors {
             *self.errors.entry(class).or_default() += n;
         }
+        for (cause, n) in other.resync_causes {
+            *self.resync_causes.entry(cause).or_default() += n;
+        }
     }
 
-    /// "2 resyncs, 5 sessions ended by an error (last errors: Unavailable x3)".
+    /// "2 resync(s) (lease_lost x2), 5 session(s) ended by an error (last errors: Unreachable x3)".
     pub fn describe(&self) -> String {
-        let errors: Vec<String> = self.errors.iter().map(|(class, n)| format!("{class} x{n}")).collect();
+        let listed = |counts: &std::collections::BTreeMap<String, u64>| -> Vec<String> {
+            counts.iter().map(|(name, n)| format!("{name} x{n}")).collect()
+        };
+        let (causes, errors) = (listed(&self.resync_causes), listed(&self.errors));
         format!(
-            "{} resync(s), {} session(s) ended by an error{}",
+            "{} resync(s){}, {} session(s) ended by an error{}",
             self.resyncs,
+            if causes.is_empty() { String::new() } else { format!(" ({})", causes.join(", ")) },
             self.session_failures,
             if errors.is_empty() { String::new() } else { format!(" (last errors: {})", errors.join(", ")) }
         )
@@ -234,8 +248,8 @@ impl Drop for WorkerProcess {
 }
 
 /// The mirror under test, as a process: `worker [--region <r> | --successor] <origin>
-/// <peer>=<endpoint>...`. Prints "synced <peer> resyncs <n> session_failures <m> error <class>"
-/// for each peer once it holds the mirror synced (its initial sync complete, or a predecessor's
+/// <peer>=<endpoint>...`. Prints "synced <peer> resyncs <n> causes <label>:<n>,...
+/// session_failures <m> error <class>" for each peer once it holds the mirror synced (its initial sync complete, or a predecessor's
 /// adopted), then keeps running.
 pub async fn worker_process(args: &[String]) -> anyhow::Result<()> {
     let (region, successor, args) = match args {
@@ -281,9 +295,11 @@ pub async fn worker_process(args: &[String]) -> anyhow::Result<()> {
         .collect();
     while let Some(done) = futures::StreamExt::next(&mut synced).await {
         let (peer, health) = done?;
+        let causes: Vec<String> = health.resyncs_by_cause.iter().map(|(label, n)| format!("{label}:{n}")).collect();
         println!(
-            "synced {peer} resyncs {} session_failures {} error {}",
+            "synced {peer} resyncs {} causes {} session_failures {} error {}",
             health.resyncs,
+            if causes.is_empty() { "-".to_string() } else { causes.join(",") },
             health.session_failures,
             health.last_error_reason.unwrap_or("-")
         );
@@ -291,4 +307,25 @@ pub async fn worker_process(args: &[String]) -> anyhow::Result<()> {
     drop(synced);
     std::future::pending::<()>().await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_worker_processs_synced_lines_add_up_to_what_its_peers_went_through() {
+        let mut synced = Synced::default();
+        synced.add_line("synced b resyncs 0 causes - session_failures 0 error -");
+        synced.add_line("synced c resyncs 2 causes lease_lost:1,compacted:1 session_failures 5 error Unreachable");
+        let mut other = Synced::default();
+        other.add_line("synced a resyncs 1 causes lease_lost:1 session_failures 1 error EtcdError");
+        synced.merge(other);
+        assert_eq!((synced.resyncs, synced.session_failures), (3, 6));
+        assert_eq!(synced.resync_causes.get("lease_lost"), Some(&2));
+        assert_eq!(
+            synced.describe(),
+            "3 resync(s) (compacted x1, lease_lost x2), 6 session(s) ended by an error (last errors: EtcdError x1, Unreachable x1)"
+        );
+    }
 }
