@@ -249,8 +249,8 @@ impl Drop for WorkerProcess {
 
 /// The mirror under test, as a process: `worker [--region <r> | --successor] <origin>
 /// <peer>=<endpoint>...`. Prints "synced <peer> resyncs <n> causes <label>:<n>,...
-/// session_failures <m> error <class>" for each peer once it holds the mirror synced (its initial sync complete, or a predecessor's
-/// adopted), then keeps running.
+/// session_failures <m> error <class>" for each peer once it holds the mirror synced (its initial
+/// sync complete, or a predecessor's adopted), then keeps running.
 pub async fn worker_process(args: &[String]) -> anyhow::Result<()> {
     let (region, successor, args) = match args {
         [flag, region, rest @ ..] if flag == "--region" => (Some(region.clone()), false, rest),
