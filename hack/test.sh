@@ -3,7 +3,8 @@
 # etcd and kube-apiserver; the image (`make image`) and its test (the federation on the image's
 # binary); the mirror and lease suites again on etcd 3.4, the multi-region e2e and the kind e2e
 # (hack/kind/e2e.sh). The soak tests (minutes at the CRD defaults, mostly waiting: 25 s partitions,
-# 16k leases held for three TTLs, ten idle minutes) run beside the 3.4 pass, the e2e, the image's
+# 16k leases held for three TTLs, ten idle minutes, eight origins syncing into a peer held to 3 %
+# of a core) run beside the 3.4 pass, the e2e, the image's
 # test and the kind e2e instead of after them, once the image's release builds are done; their
 # output is printed when they end.
 set -uo pipefail
@@ -38,7 +39,11 @@ trap '[[ -n $kind_prep ]] && kill "$kind_prep" 2>/dev/null' EXIT
 "$cargo" test --workspace --no-run --quiet || exit 1
 took "build the tests"
 failed=()
-"$cargo" test --workspace --exclude aether-e2e --no-fail-fast || failed+=("unit and integration tests")
+# The overload test at the fault tests' settings (a TTL of 6 s) runs here, alone in its binary:
+# beside the soak tests, the etcd 3.4 pass and the kind e2e it once lost leases, at a load
+# nothing else here reproduced. Its soak at the defaults runs beside the soak tests below.
+"$cargo" test --workspace --exclude aether-e2e --no-fail-fast ||
+  failed+=("unit and integration tests")
 took "unit and integration tests"
 
 image_built=true
@@ -46,10 +51,15 @@ image_built=true
 took "make image"
 
 soak_log=$(mktemp -t aether-soak.XXXXXX)
+overload_log=$(mktemp -t aether-overload.XXXXXX)
 started=$SECONDS
 "$cargo" test -p aether-operator --test soak -- --ignored --test-threads=5 >"$soak_log" 2>&1 &
 soak=$!
-trap 'kill "$soak" 2>/dev/null; [[ -n $kind_prep ]] && kill "$kind_prep" 2>/dev/null' EXIT
+# Its own process beside them (the test binaries of one cargo run run one after another): the
+# overload soak at the defaults.
+"$cargo" test -p aether-operator --test overload -- --ignored >"$overload_log" 2>&1 &
+overload=$!
+trap 'kill "$soak" "$overload" 2>/dev/null; [[ -n $kind_prep ]] && kill "$kind_prep" 2>/dev/null' EXIT
 
 "$make" test-etcd34 || failed+=("the etcd 3.4 pass")
 took "the etcd 3.4 pass (beside the soak tests)"
@@ -84,11 +94,14 @@ fi
 if ! wait "$soak"; then
   failed+=("soak")
 fi
+if ! wait "$overload"; then
+  failed+=("the overload soak")
+fi
 took "the soak tests' rest"
 trap - EXIT
 echo "--- soak tests ($((SECONDS - started)) s) ---"
-cat "$soak_log"
-rm -f "$soak_log"
+cat "$soak_log" "$overload_log"
+rm -f "$soak_log" "$overload_log"
 echo "--- wall time by phase (${SECONDS} s in all) ---"
 printf '  %s\n' "${timings[@]}"
 

@@ -11,7 +11,6 @@ use crate::table::Table;
 use aether_harness::{EtcdFlavor, EtcdServer, ManagedProcess};
 use aether_operator::keys;
 use aether_operator::mirror::EtcdTarget;
-use aether_operator::mirror::plan::sync_window;
 use etcd_client::Client;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -165,7 +164,10 @@ pub async fn bench_wan_sync(table: &mut Table, rtt: Duration) -> anyhow::Result<
         let landing = Landing::sample(Client::connect([peer.endpoint()], None).await?, prefix.clone(), SYNC_KEYS);
         let finished = wait_synced(&h, Duration::from_secs(600)).await.is_ok();
         let elapsed = start.elapsed();
-        let connections = h.health().peer_connections;
+        let (connections, window, limit, cuts) = {
+            let health = h.health();
+            (health.peer_connections, health.sync_window, health.sync_window_limit, health.sync_window_cuts)
+        };
         h.shutdown().await;
         let (first, copy_rate) = landing.stop(SYNC_KEYS);
         let done = count(&Client::connect([peer.endpoint()], None).await?, &prefix).await;
@@ -188,15 +190,15 @@ pub async fn bench_wan_sync(table: &mut Table, rtt: Duration) -> anyhow::Result<
             "this mirror (in process)",
             format!("{:.0} keys/s", rates.last().copied().unwrap_or(0.0)),
             format!(
-                "{:.2}s{}{vs}; first key after {:.2}s{round_trips}, then {copy_rate:.0} keys/s (10-90 %), window {} Txns over {connections} connection(s)",
+                "{:.2}s{}{vs}; first key after {:.2}s{round_trips}, then {copy_rate:.0} keys/s (10-90 %), window {window} of at most {limit} Txns at the end ({cuts} cuts by the peer's queue) over {connections} connection(s)",
                 elapsed.as_secs_f64(),
                 if finished { "" } else { " (did not finish)" },
                 setup.as_secs_f64(),
-                sync_window(bench_config("b").sync_parallelism, Some(delay)),
             ),
             serde_json::json!({
                 "keys": SYNC_KEYS, "rtt_ms": delay.as_millis() as u64, "seconds": elapsed.as_secs_f64(),
                 "missing": SYNC_KEYS as i64 - done, "first_key_s": setup.as_secs_f64(), "copy_keys_per_s": copy_rate,
+                "sync_window_end": window, "sync_window_cuts": cuts,
                 "first_key_round_trips": if delay.is_zero() { 0.0 } else { setup.as_secs_f64() / delay.as_secs_f64() },
                 "connections": connections,
             }),

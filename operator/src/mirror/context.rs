@@ -122,6 +122,8 @@ pub(super) struct Worker {
     pub keeper: Keeper,
     /// The shortest distance to the peer measured in this worker's life (`plan::nearest`).
     pub nearest: std::sync::Mutex<Option<std::time::Duration>>,
+    /// Where the worker's last sync's pace ended: the next starts from it (`SyncPace::resume`).
+    pub last_sync_pace: std::sync::Mutex<Option<crate::mirror::streams::pace::SyncPace>>,
 }
 
 impl Worker {

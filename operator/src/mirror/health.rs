@@ -133,6 +133,11 @@ pub struct PeerHealth {
     /// Connections to the peer the session spreads its Txns over now (see
     /// `plan::spread_connections`).
     pub peer_connections: usize,
+    /// The sync's window when its last Txn landed, the most it may reach (`plan::sync_window`),
+    /// and how often the peer's queue halved it in the worker's life (`streams::pace`).
+    pub sync_window: usize,
+    pub sync_window_limit: usize,
+    pub sync_window_cuts: u64,
 }
 
 /// Round-trip samples a health snapshot keeps; far more than happen between two refreshes.
@@ -181,6 +186,9 @@ impl PeerHealth {
             shard_splits: 0,
             batches_in_flight_peak: 0,
             peer_connections: 0,
+            sync_window: 0,
+            sync_window_limit: 0,
+            sync_window_cuts: 0,
             leases: 0,
             last_applied_revision: 0,
             last_seen_revision: 0,

@@ -86,7 +86,16 @@ pub fn spawn(
     });
     let (signals, lost_rx) = mpsc::channel::<KeeperSignal>(64);
     let keeper = span.in_scope(|| Keeper::spawn(peer.clone(), &config, shared.clone(), signals));
-    let worker = Worker { config, local, peer, shared, cancel: cancel.clone(), keeper, nearest: Default::default() };
+    let worker = Worker {
+        config,
+        local,
+        peer,
+        shared,
+        cancel: cancel.clone(),
+        keeper,
+        nearest: Default::default(),
+        last_sync_pace: Default::default(),
+    };
     let task = tokio::spawn(worker.run(lost_rx).instrument(span));
     MirrorHandle { health: health_rx, cancel, task }
 }

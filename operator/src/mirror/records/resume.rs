@@ -111,10 +111,12 @@ pub fn decide_ownership(me: &Claimant, mine: &Ownership, record: Option<&OwnerRe
         return OwnerDecision::Take { generation: generation + 1, restored: false };
     }
     // We owned it and the record changed: our own older record, or an older generation, is a
-    // restore of the peer; anything else is a successor.
+    // restore of the peer; our own newer one is a take whose answer never came (it timed out
+    // here and landed at a peer that fell behind); anything else is a successor.
     let ours = theirs.is_some_and(|o| o.owner == me.owner_id);
     if ours || (theirs.is_some() && generation < mine.generation) {
-        return OwnerDecision::Take { generation: mine.generation, restored: true };
+        let landed_late = ours && mine.epoch.is_some_and(|epoch| record.mod_revision > epoch);
+        return OwnerDecision::Take { generation: mine.generation, restored: !landed_late };
     }
     OwnerDecision::Fenced {
         by: theirs.map(|o| o.owner.clone()).unwrap_or_else(|| "an unreadable owner record".to_string()),
@@ -292,6 +294,12 @@ mod tests {
         let mine = Ownership { epoch: Some(5), generation: 8, take_over: false };
         assert_eq!(
             decide_ownership(&who("me"), &mine, Some(&record(5, "me", 8))),
+            OwnerDecision::Take { generation: 8, restored: false }
+        );
+        // Newer than the epoch this worker knows: its last take timed out here and landed at a
+        // peer that fell behind. Not a restore of the peer.
+        assert_eq!(
+            decide_ownership(&who("me"), &mine, Some(&record(12, "me", 8))),
             OwnerDecision::Take { generation: 8, restored: false }
         );
     }

@@ -16,15 +16,15 @@ use crate::mirror::plan::{
     sync_window,
 };
 use crate::mirror::streams::apply::Applied;
+use crate::mirror::streams::pace::SyncPace;
 use crate::mirror::streams::spread::Spread;
 use crate::mirror::target::kv;
 use crate::mirror::verify::Walk;
 use anyhow::anyhow;
 use etcd_client::{Client, GetOptions, GetResponse, PutOptions, TxnOp};
-use futures::stream::FuturesUnordered;
-use futures::{FutureExt, StreamExt};
+use futures::StreamExt;
 use std::collections::VecDeque;
-use tracing::{debug, info, warn};
+use tracing::{Instrument, debug, info, warn};
 
 /// Lease grants in flight at once when a sync lays out its leases: the layout of 100k keys
 /// (256 leases) in one round trip, 16k in 64 rather than all at once.
@@ -102,7 +102,8 @@ impl Worker {
             let window = sync_window(self.config.sync_parallelism, distance);
             let wanted = spread_connections(distance, window.min(subtree_txns), self.spread_cap());
             spread.want(wanted, &self.peer, self.config.rpc_timeout);
-            window
+            let last = self.last_sync_pace.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            SyncPace::resume(window, distance, last.as_ref())
         };
         // The peer's first page too (only this session writes the peer's copy now), and the
         // origin's first pages: under auth a group's worth, which the sync holds back anyway to
@@ -115,7 +116,7 @@ impl Worker {
         let ahead = if state.auth_binds { SYNC_GROUP_BYTES } else { 0 };
         let read_ahead = self.read_ahead(local, &mut origin_pages, &range_end, ahead);
         let lay_out = self.lay_out(peer, state, snapshot.epoch, snapshot.cause);
-        let (window, laid_out, first_peer_page, read_ahead) =
+        let (pace, laid_out, first_peer_page, read_ahead) =
             tokio::join!(spread_more, lay_out, first_peer_page, read_ahead);
         if let Some(by) = laid_out? {
             return Ok(Started::Fenced(by));
@@ -141,7 +142,7 @@ impl Worker {
             leases: state.leases.clone(),
             counts,
             oversized: Vec::new(),
-            window,
+            pace,
         };
         let reads = Reads { local: local.clone(), origin: origin_pages, peer: peer_pages, range_end };
         Ok(Started::Copying(Box::new(copy), Box::new(reads)))
@@ -167,7 +168,7 @@ impl Worker {
             self.read_pages(peer, reads.peer, &reads.range_end, peer_tx),
         );
         let feeds = Feeds { origin: origin_rx, peer: peer_rx };
-        let copying = self.copy_pages(copy, feeds, peer, spread, state, epoch);
+        let copying = self.copy_pages(copy, feeds, spread, state, epoch);
         tokio::pin!(readers, copying);
         // The readers end with their side's last page, or with the copy (it stopped listening).
         tokio::select! {
@@ -176,18 +177,39 @@ impl Worker {
         }
     }
 
-    /// The copy's merge and writes, fed the pages by `read_pages`.
+    /// The copy's merge and writes, fed the pages by `read_pages`; the pace they ended at is
+    /// kept for the worker's next sync, however this one ends.
     async fn copy_pages(
         &self,
         copy: &mut SyncCopy,
+        feeds: Feeds,
+        spread: &mut Spread,
+        state: &State,
+        epoch: i64,
+    ) -> anyhow::Result<Option<String>> {
+        let mut txns = SyncTxns::new(copy.pace.clone());
+        let copied = self.merge_and_write(copy, feeds, &mut txns, spread, state, epoch).await;
+        let (window, limit, cuts) = (txns.pace.window(), txns.pace.limit(), txns.pace.cuts());
+        self.shared.update(|h| {
+            h.sync_window = window;
+            h.sync_window_limit = limit;
+            h.sync_window_cuts = cuts;
+        });
+        *self.last_sync_pace.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(txns.pace);
+        copied
+    }
+
+    /// Merges the pages of both sides into ops and writes them in batch Txns, paced by `txns`.
+    async fn merge_and_write(
+        &self,
+        copy: &mut SyncCopy,
         mut feeds: Feeds,
-        peer: &Client,
+        txns: &mut SyncTxns,
         spread: &mut Spread,
         state: &State,
         epoch: i64,
     ) -> anyhow::Result<Option<String>> {
         let mut batcher = SyncBatcher::new(self.limits(state));
-        let mut txns = SyncTxns::default();
         let (mut staged, mut staged_bytes) = (Vec::new(), 0usize);
         loop {
             let read_all = self.read_and_merge(copy, &mut feeds, &mut staged, &mut staged_bytes).await?;
@@ -202,7 +224,7 @@ impl Worker {
             for op in staged.drain(..) {
                 let Some(batch) = batcher.push(op) else { continue };
                 let bytes: usize = batch.iter().map(MirrorOp::wire_size).sum();
-                if let Some(by) = txns.make_room(copy.window, bytes, spread).await? {
+                if let Some(by) = txns.make_room(bytes, spread).await? {
                     return Ok(Some(by));
                 }
                 // Renewals first: while they fail, what is in flight lands before more is sent.
@@ -222,7 +244,11 @@ impl Worker {
             }
         }
         if let Some(batch) = batcher.take() {
-            txns.push(self.apply(peer, epoch, batch, &copy.leases, Vec::new()), 0);
+            let bytes: usize = batch.iter().map(MirrorOp::wire_size).sum();
+            if let Some(by) = txns.make_room(bytes, spread).await? {
+                return Ok(Some(by));
+            }
+            txns.push(self.apply(spread.next(), epoch, batch, &copy.leases, Vec::new()), bytes);
         }
         let spread_over = spread.len();
         self.shared.update(|h| h.peer_connections = spread_over);
@@ -545,31 +571,64 @@ struct SyncCopy {
     leases: Vec<i64>,
     counts: Vec<i64>,
     oversized: Vec<Oversized>,
-    /// Batch Txns in flight at most.
-    window: usize,
+    /// How many batch Txns may be in flight, from how long they take.
+    pace: SyncPace,
 }
 
-type SyncTxn = std::pin::Pin<Box<dyn std::future::Future<Output = (anyhow::Result<Applied>, usize)> + Send>>;
-
-/// A sync's batch Txns in flight, with their bytes.
-#[derive(Default)]
-struct SyncTxns {
-    txns: FuturesUnordered<SyncTxn>,
+/// A batch Txn's answer: the bytes it carried, how long it took, and when it landed.
+struct Landed {
+    result: anyhow::Result<Applied>,
     bytes: usize,
+    took: std::time::Duration,
+    at: std::time::Instant,
+}
+
+/// A sync's batch Txns in flight, with their bytes, paced by how long they take.
+struct SyncTxns {
+    /// Each Txn a task of its own, sent at once and timed when it lands, not when the sync next
+    /// looks (it may be waiting for the origin's next page meanwhile: a Txn timed then looks
+    /// queued at a peer that has no queue). Aborted when the sync ends.
+    txns: tokio::task::JoinSet<Landed>,
+    bytes: usize,
+    pace: SyncPace,
+    /// When the last Txn landed: below one Txn in flight the next waits from then.
+    last_landed: Option<std::time::Instant>,
 }
 
 impl SyncTxns {
+    fn new(pace: SyncPace) -> Self {
+        SyncTxns { txns: tokio::task::JoinSet::new(), bytes: 0, pace, last_landed: None }
+    }
+
+    /// Sends a Txn.
     fn push(
         &mut self,
         apply: impl std::future::Future<Output = anyhow::Result<Applied>> + Send + 'static,
         bytes: usize,
     ) {
         self.bytes += bytes;
-        self.txns.push(Box::pin(async move { (apply.await, bytes) }));
+        let sent = std::time::Instant::now();
+        let timed = async move {
+            let result = apply.await;
+            Landed { result, bytes, took: sent.elapsed(), at: std::time::Instant::now() }
+        };
+        self.txns.spawn(timed.in_current_span());
     }
 
-    fn take(&mut self, (result, bytes): (anyhow::Result<Applied>, usize)) -> anyhow::Result<Option<String>> {
+    /// Counts a Txn that landed, or failed, into the bytes in flight and the pace.
+    fn take(&mut self, joined: Result<Landed, tokio::task::JoinError>) -> anyhow::Result<Option<String>> {
+        let Landed { result, bytes, took, at } =
+            joined.map_err(|e| anyhow!("a sync Txn's task ended without an answer: {e}"))?;
         self.bytes -= bytes;
+        let window = self.pace.window();
+        match &result {
+            Ok(_) => self.pace.landed(took),
+            Err(_) => self.pace.failed(took),
+        }
+        if self.pace.window() < window {
+            debug!(?took, queued = ?self.pace.queued(took), window = self.pace.window(), "the peer queues the sync's Txns; fewer in flight");
+        }
+        self.last_landed = Some(at);
         match result? {
             Applied::Yes => Ok(None),
             Applied::Fenced(by) => Ok(Some(by)),
@@ -577,15 +636,21 @@ impl SyncTxns {
     }
 
     /// Waits until a batch of `bytes` fits in the window, and in what the connections open
-    /// carry while more are being opened (`Spread::carries`).
-    async fn make_room(&mut self, window: usize, bytes: usize, spread: &mut Spread) -> anyhow::Result<Option<String>> {
+    /// carry while more are being opened (`Spread::carries`); below one Txn in flight, until
+    /// the pace's wait after the last one is over.
+    async fn make_room(&mut self, bytes: usize, spread: &mut Spread) -> anyhow::Result<Option<String>> {
         loop {
-            let window = window.min(spread.carries());
+            let window = self.pace.window().min(spread.carries());
             if self.txns.len() < window && (self.txns.is_empty() || self.bytes + bytes <= MAX_SYNC_INFLIGHT_BYTES) {
+                let since = self.last_landed.map_or(std::time::Duration::MAX, |at| at.elapsed());
+                let hold = self.pace.hold(since);
+                if !hold.is_zero() {
+                    tokio::time::sleep(hold).await;
+                }
                 return Ok(None);
             }
             tokio::select! {
-                done = self.txns.next(), if !self.txns.is_empty() => {
+                done = self.txns.join_next(), if !self.txns.is_empty() => {
                     if let Some(by) = self.take(done.expect("not empty"))? {
                         return Ok(Some(by));
                     }
@@ -595,10 +660,9 @@ impl SyncTxns {
         }
     }
 
-    /// Takes what has landed. A Txn in the set is sent only once the set is polled: poll it now,
-    /// not once the window is full (across distance, 42 batches would wait for a 43rd).
+    /// Takes what has landed by now.
     fn take_ready(&mut self) -> anyhow::Result<Option<String>> {
-        while let Some(Some(done)) = self.txns.next().now_or_never() {
+        while let Some(done) = self.txns.try_join_next() {
             if let Some(by) = self.take(done)? {
                 return Ok(Some(by));
             }
@@ -608,7 +672,7 @@ impl SyncTxns {
 
     /// Waits for every Txn in flight.
     async fn settle_all(&mut self) -> anyhow::Result<Option<String>> {
-        while let Some(done) = self.txns.next().await {
+        while let Some(done) = self.txns.join_next().await {
             if let Some(by) = self.take(done)? {
                 return Ok(Some(by));
             }
