@@ -391,13 +391,16 @@ async fn a_long_round_the_peer_keeps_answering_is_not_an_unreachable_peer() {
     cfg.max_keys_per_lease = 2;
     cfg.lease_ttl_seconds = 15;
     cfg.keepalive_interval = Duration::from_secs(1);
-    cfg.acceptable_pause = Duration::from_millis(1500);
+    // Twice the interval, the CRD's default: between two rounds the peer is asked nothing for an
+    // interval.
+    cfg.acceptable_pause = Duration::from_secs(2);
     cfg.verify_interval = Duration::ZERO;
+    let pause = cfg.acceptable_pause.as_secs_f64();
     let (handle, mut events) = start(cfg, plain(&origin), through(&proxy));
     wait_synced(&handle).await;
     drain_events(&mut events);
-    // About 2,000 renewals a round through a narrow link: a round of a few seconds.
-    proxy.set_bandwidth(Some(64_000));
+    // About 1,000 renewals a round through a narrow link: rounds of about 3.5 s.
+    proxy.set_bandwidth(Some(40_000));
     let mut rounds = handle.health().keepalive_rounds;
     let mut rx = handle.subscribe();
     let (mut unreachable_seen, mut long_rounds) = (false, 0);
@@ -409,7 +412,7 @@ async fn a_long_round_the_peer_keeps_answering_is_not_an_unreachable_peer() {
             unreachable_seen |= !h.reachable;
             if h.keepalive_rounds > rounds {
                 rounds = h.keepalive_rounds;
-                long_rounds += usize::from(h.keepalive_rtts.back().is_some_and(|s| *s > 1.5));
+                long_rounds += usize::from(h.keepalive_rtts.back().is_some_and(|s| *s > pause));
             }
         }
     })
