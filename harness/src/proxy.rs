@@ -150,8 +150,6 @@ async fn pipe(
     };
     let writer = async move {
         let mut faults = faults;
-        // When the emulated link has carried what was sent before.
-        let mut link_free = Instant::now();
         while let Some((arrived, bytes)) = rx.recv().await {
             let latency = {
                 let f = faults.borrow();
@@ -161,20 +159,12 @@ async fn pipe(
             if faults.wait_for(|f| !f.blackhole).await.is_err() {
                 return;
             }
-            let bandwidth = faults.borrow().bandwidth.filter(|b| *b > 0);
-            // A narrow link delivers bytes as they pass, not a read's 64 KiB at once after its
-            // whole transfer time (which held a stream's first answers back for a second and
-            // more): slices of 10 ms worth, each once the link has carried the ones before.
-            let slice = bandwidth.map_or(bytes.len(), |bps| (bps / 100).max(1) as usize).max(1);
-            for piece in bytes.chunks(slice) {
-                if let Some(bps) = bandwidth {
-                    link_free =
-                        link_free.max(Instant::now()) + Duration::from_secs_f64(piece.len() as f64 / bps as f64);
-                    tokio::time::sleep_until(link_free).await;
-                }
-                if to.write_all(piece).await.is_err() {
-                    return;
-                }
+            let bandwidth = faults.borrow().bandwidth;
+            if let Some(bps) = bandwidth.filter(|b| *b > 0) {
+                tokio::time::sleep(Duration::from_secs_f64(bytes.len() as f64 / bps as f64)).await;
+            }
+            if to.write_all(&bytes).await.is_err() {
+                return;
             }
         }
         let _ = to.shutdown().await;

@@ -390,17 +390,18 @@ async fn a_long_round_the_peer_keeps_answering_is_not_an_unreachable_peer() {
     let mut cfg = fast_config("w1");
     cfg.max_keys_per_lease = 2;
     cfg.lease_ttl_seconds = 15;
-    cfg.keepalive_interval = Duration::from_secs(1);
-    // Twice the interval, the CRD's default: between two rounds the peer is asked nothing for an
-    // interval.
+    cfg.keepalive_interval = Duration::from_millis(500);
+    // Four intervals: between two rounds the peer is asked nothing for an interval, and the
+    // proxy holds each read back for its whole transfer time, so a round's first answers come
+    // after the renewals' bytes pass (a pause of 1.5 intervals was missed on a loaded machine).
     cfg.acceptable_pause = Duration::from_secs(2);
     cfg.verify_interval = Duration::ZERO;
     let pause = cfg.acceptable_pause.as_secs_f64();
     let (handle, mut events) = start(cfg, plain(&origin), through(&proxy));
     wait_synced(&handle).await;
     drain_events(&mut events);
-    // About 1,000 renewals a round through a narrow link: rounds of about 3.5 s.
-    proxy.set_bandwidth(Some(40_000));
+    // About 1,000 renewals a round through a narrow link: rounds of about 2.5 s.
+    proxy.set_bandwidth(Some(56_000));
     let mut rounds = handle.health().keepalive_rounds;
     let mut rx = handle.subscribe();
     let (mut unreachable_seen, mut long_rounds) = (false, 0);
