@@ -155,7 +155,11 @@ async fn an_unreadable_checkpoint_keeps_the_leases_of_the_peers_keys_through_a_s
     let proxy = FaultProxy::start(peer.client_addr()).await.unwrap();
     proxy.set_bandwidth(Some(60_000));
     let mut cfg = fast_config("w2");
-    cfg.page_size = 200;
+    // Small pages and Txns: each crosses the link in well under the pace's queue target (500
+    // ms). The sync's pace reads the time a Txn takes beyond the peer's round trip as the peer's
+    // queue, so Txns of 24 KB behind pages of 41 KB (0.7 s here) spaced the sync out to minutes.
+    cfg.page_size = 20;
+    cfg.max_txn_ops = 16;
     let (second, _e) = start(cfg, plain(&origin), through(&proxy));
     wait_synced(&second).await;
     proxy.set_bandwidth(None);
