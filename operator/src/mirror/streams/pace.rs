@@ -11,8 +11,7 @@
 //!   trip), so that no worker puts a whole window in the queue before its first Txn says how the
 //!   peer does;
 //! - it halves the window when a Txn queued longer than `QUEUE_TARGET`, at most once a round
-//!   (the Txns sent before the cut land late too), and then grows it by one Txn a round.
-//!
+//!   (the Txns sent before the cut land late too), and then grows it by one Txn a round;
 //! - below one Txn in flight, it waits between Txns (a window of a quarter sends one, then waits
 //!   three times as long as it took), so that 31 origins syncing into one peer that applies
 //!   a few Txns a second do not queue a Txn each;

@@ -620,13 +620,16 @@ impl SyncTxns {
         let Landed { result, bytes, took, at } =
             joined.map_err(|e| anyhow!("a sync Txn's task ended without an answer: {e}"))?;
         self.bytes -= bytes;
-        let window = self.pace.window();
+        // Counted by cuts, not by the whole window: cuts below one Txn in flight (waits between
+        // Txns) change no whole window, and went unsaid.
+        let cuts = self.pace.cuts();
         match &result {
             Ok(_) => self.pace.landed(took),
             Err(_) => self.pace.failed(took),
         }
-        if self.pace.window() < window {
-            debug!(?took, queued = ?self.pace.queued(took), window = self.pace.window(), "the peer queues the sync's Txns; fewer in flight");
+        if self.pace.cuts() > cuts {
+            let wait = self.pace.hold(std::time::Duration::ZERO);
+            debug!(?took, queued = ?self.pace.queued(took), window = self.pace.window(), ?wait, "the peer queues the sync's Txns; fewer in flight, or a wait between them");
         }
         self.last_landed = Some(at);
         match result? {
