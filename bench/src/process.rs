@@ -264,6 +264,8 @@ pub async fn worker_process(args: &[String]) -> anyhow::Result<()> {
     let budget = std::sync::Arc::new(mirror::VerifyBudget::new(mirror::DEFAULT_VERIFY_KEYS_PER_SECOND));
     // And how many peers it mirrors into, for each worker's share of a peer etcd's connections.
     let peers = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(args.len().saturating_sub(1)));
+    // And the full syncs they take turns at.
+    let syncs = std::sync::Arc::new(mirror::SyncSlots::default());
     for spec in &args[1..] {
         let (peer, endpoint) = spec.split_once('=').ok_or_else(|| anyhow::anyhow!("peer as region=endpoint"))?;
         let (tx, rx) = tokio::sync::mpsc::channel(1024);
@@ -274,6 +276,7 @@ pub async fn worker_process(args: &[String]) -> anyhow::Result<()> {
                 MirrorConfig {
                     verify_budget: budget.clone(),
                     origin_peers: peers.clone(),
+                    sync_slots: syncs.clone(),
                     ..match &region {
                         Some(region) => MirrorConfig::new(region, peer, &format!("mesh-{region}-{peer}")),
                         None if successor => {

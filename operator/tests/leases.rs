@@ -169,6 +169,42 @@ async fn an_unreadable_checkpoint_keeps_the_leases_of_the_peers_keys_through_a_s
     second.shutdown().await;
 }
 
+/// A successor that owes the peer a full sync waits its turn among its origin's syncs (a mesh's
+/// start, every peer at once) for longer than the TTL: the copy it inherits stays whole, because
+/// it renews the recorded leases from before it waits, and the owner record stays the
+/// predecessor's until its turn comes.
+#[tokio::test]
+async fn a_successor_waiting_its_turn_at_a_resync_keeps_the_copy_alive_past_the_ttl() {
+    let (origin, peer, o, mut p) = origin_and_peer(500).await;
+    let (first, _e) = start(fast_config("w1"), plain(&origin), plain(&peer));
+    wait_synced(&first).await;
+    first.shutdown().await;
+    // The records are damaged: the successor owes a resync.
+    p.put(keys::checkpoint_key("a"), "{\"not\": \"a checkpoint\"", None).await.unwrap();
+    let deletes = count_peer_deletes(&p, "a").await;
+
+    let mut cfg = fast_config("w2");
+    cfg.sync_slots = std::sync::Arc::new(aether_operator::mirror::SyncSlots::new(1));
+    let ttl = Duration::from_secs(cfg.lease_ttl_seconds as u64);
+    // The origin's other peers hold its only turn.
+    let others = cfg.sync_slots.try_take().expect("a free turn");
+    let (second, _e) = start(cfg, plain(&origin), plain(&peer));
+    wait_health(&second, "waits its turn", |h| h.phase == Phase::Queued).await;
+    // Three TTLs in the queue: a copy nobody renewed would have lapsed twice over.
+    tokio::time::sleep(ttl * 3).await; // on purpose: the time a lapse takes
+    assert_eq!(second.health().phase, Phase::Queued, "synced without a turn: {:?}", second.health());
+    assert_eq!(deletes.load(Ordering::SeqCst), 0, "the copy lapsed while its successor waited for a turn");
+    let owner = p.get(keys::owner_key("a"), None).await.unwrap();
+    let record = String::from_utf8_lossy(owner.kvs().first().expect("an owner record").value()).to_string();
+    assert!(record.contains("\"w1\""), "the successor took ownership before its turn: {record}");
+
+    drop(others);
+    wait_synced(&second).await;
+    converged(&o, &p, "a", DEADLINE).await;
+    assert_eq!(deletes.load(Ordering::SeqCst), 0, "keys lapsed before the resync re-put them");
+    second.shutdown().await;
+}
+
 /// The TTL the peer reports for `lease` now.
 async fn ttl_of(p: &mut Client, lease: i64) -> i64 {
     p.lease_time_to_live(lease, None).await.map(|r| r.ttl()).unwrap_or(-1)

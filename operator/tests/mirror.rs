@@ -714,3 +714,66 @@ async fn an_idle_origin_is_silent_not_stalled_and_keepalives_over_one_stream_suc
     assert!(health.leases >= 32, "{health:?}");
     handle.shutdown().await;
 }
+
+/// An origin that owes more peers a full sync than it has turns (a region's first start in a
+/// mesh) syncs them in turns: the syncs' starts and ends, in the order the workers reported
+/// them on one channel, never overlap more than the turns allow, and every copy completes.
+#[tokio::test]
+async fn an_origin_with_more_peers_than_turns_syncs_them_in_turns_and_completes_every_copy() {
+    let (origin, b, c, d) = tokio::try_join!(
+        EtcdServer::start("a"),
+        EtcdServer::start("b"),
+        EtcdServer::start("c"),
+        EtcdServer::start("d")
+    )
+    .expect("etcd starts");
+    let mut o = client(&origin).await;
+    write_keys(&mut o, "a", 0..1_500, "v1").await;
+    let turns = std::sync::Arc::new(mirror::SyncSlots::new(1));
+    let (tx, mut events) = mpsc::channel(4096);
+    let workers: Vec<(MirrorHandle, &EtcdServer)> = [("b", &b), ("c", &c), ("d", &d)]
+        .into_iter()
+        .map(|(name, peer)| {
+            let mut cfg = config(&format!("w-{name}"));
+            cfg.peer = name.into();
+            cfg.sync_slots = turns.clone();
+            let handle = mirror::spawn(
+                cfg,
+                EtcdTarget::plain([origin.endpoint()]),
+                EtcdTarget::plain([peer.endpoint()]),
+                tx.clone(),
+            );
+            (handle, peer)
+        })
+        .collect();
+    for (handle, _) in &workers {
+        wait_synced(handle).await;
+    }
+    let mut running = 0i32;
+    let (mut started, mut ended) = (0, 0);
+    while let Ok(event) = events.try_recv() {
+        match event {
+            MirrorEvent::ResyncStarted { .. } => {
+                running += 1;
+                started += 1;
+                assert!(running <= 1, "two syncs ran at once with one turn");
+            }
+            MirrorEvent::Synced { .. } => {
+                running -= 1;
+                ended += 1;
+            }
+            _ => {}
+        }
+    }
+    assert_eq!((started, ended), (3, 3), "each peer synced once");
+    let prefix = keys::region_prefix("a");
+    let want = values(&mut o, &prefix).await;
+    for (handle, peer) in &workers {
+        let mut p = client(peer).await;
+        assert_eq!(values(&mut p, &prefix).await, want, "{}'s copy", handle.health().peer);
+        assert_eq!(handle.health().session_failures, 0, "{:?}", handle.health());
+    }
+    for (handle, _) in workers {
+        handle.shutdown().await;
+    }
+}

@@ -312,7 +312,7 @@ pub struct RegionPeeringStatus {
 #[serde(rename_all = "camelCase")]
 pub struct PeerStatus {
     pub region: String,
-    /// Connecting, Syncing, Watching, Resyncing, Backoff, Fenced, Retired, Refused or Stopped.
+    /// Connecting, Queued (a full sync waits its turn among the region's peers), Syncing, Watching, Resyncing, Backoff, Fenced, Retired, Refused or Stopped.
     pub phase: String,
     /// The cross-region failure detector's verdict.
     pub reachable: bool,

@@ -497,6 +497,8 @@ struct Shares {
     verify: Arc<mirror::VerifyBudget>,
     /// How many peers they mirror into, for their share of each peer etcd's connections.
     peers: Arc<std::sync::atomic::AtomicUsize>,
+    /// The full syncs they take turns at.
+    syncs: Arc<mirror::SyncSlots>,
 }
 
 /// The object's shares: one for all its workers; the budget replaced when its rate changes, the
@@ -504,9 +506,11 @@ struct Shares {
 fn shares(ctx: &Context, key: &str, spec: &RegionPeeringSpec) -> Shares {
     let rate = spec.sync.verify_keys_per_second.max(0) as u64;
     let mut budgets = ctx.budgets.lock().expect("lock");
-    let shares = budgets
-        .entry(key.to_string())
-        .or_insert_with(|| Shares { verify: Arc::new(mirror::VerifyBudget::new(rate)), peers: Default::default() });
+    let shares = budgets.entry(key.to_string()).or_insert_with(|| Shares {
+        verify: Arc::new(mirror::VerifyBudget::new(rate)),
+        peers: Default::default(),
+        syncs: Default::default(),
+    });
     if shares.verify.keys_per_second() != rate {
         shares.verify = Arc::new(mirror::VerifyBudget::new(rate));
     }
@@ -518,6 +522,7 @@ fn mirror_config(spec: &RegionPeeringSpec, peer: &str, owner: &str, shares: Shar
     let mut c = MirrorConfig::new(&spec.region, peer, owner);
     c.verify_budget = shares.verify;
     c.origin_peers = shares.peers;
+    c.sync_slots = shares.syncs;
     c.lease_ttl_seconds = spec.lease.ttl_seconds;
     c.keepalive_interval = Duration::from_secs(spec.lease.keepalive_interval_seconds.max(1) as u64);
     c.max_keys_per_lease = spec.lease.max_keys_per_lease.max(1) as u64;
@@ -751,7 +756,11 @@ mod tests {
 
     #[test]
     fn the_crds_defaults_are_the_workers_and_the_linger_is_honoured() {
-        let budget = || Shares { verify: Arc::new(mirror::VerifyBudget::new(1_000)), peers: Default::default() };
+        let budget = || Shares {
+            verify: Arc::new(mirror::VerifyBudget::new(1_000)),
+            peers: Default::default(),
+            syncs: Default::default(),
+        };
         let defaults = mirror_config(&spec(serde_json::json!({})), "b", "w", budget());
         let worker = MirrorConfig::new("a", "b", "w");
         assert_eq!(defaults.watch_linger, worker.watch_linger);

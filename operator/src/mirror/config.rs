@@ -59,6 +59,9 @@ pub struct MirrorConfig {
     /// kept current by the controller: in a full mesh as many regions write into each peer etcd,
     /// and they share its connections (`plan::spread_cap`). `new` counts one.
     pub origin_peers: Arc<AtomicUsize>,
+    /// The full syncs the origin's workers take turns at (`sync_slots`): shared by the workers
+    /// of one object; `new` gives each worker its own.
+    pub sync_slots: Arc<super::sync_slots::SyncSlots>,
     /// How long a far peer's batch that is not full waits for more revisions while others are in
     /// flight (see `plan::watch_linger`).
     pub watch_linger: Duration,
@@ -94,6 +97,7 @@ impl MirrorConfig {
             verify_page_size: 1000,
             verify_budget: Arc::new(VerifyBudget::new(DEFAULT_VERIFY_KEYS_PER_SECOND)),
             origin_peers: Arc::new(AtomicUsize::new(1)),
+            sync_slots: Arc::default(),
             watch_linger: super::plan::WATCH_LINGER,
             checkpoint_shards_per_part: super::records::checkpoint::SHARDS_PER_PART,
         }

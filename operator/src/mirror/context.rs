@@ -75,6 +75,9 @@ pub(super) struct State {
     pub counts_estimated: bool,
     /// The peer's distance, measured beside the session's first steps for its first sync.
     pub distance_ahead: Option<tokio::task::JoinHandle<Option<std::time::Duration>>>,
+    /// The turn at a full sync this session waited for before taking ownership
+    /// (`sync_slots.rs`), until its sync starts. Never kept past a session (`Worker::run`).
+    pub sync_turn: Option<crate::mirror::sync_slots::SyncSlot>,
 }
 
 /// How far a shard's count may move from the recorded one before it is recorded again: an eighth

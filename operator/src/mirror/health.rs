@@ -6,6 +6,9 @@ use std::time::SystemTime;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Phase {
     Connecting,
+    /// A full sync is owed and waits its turn: an origin's workers run `FULL_SYNCS_AT_ONCE`
+    /// syncs at once (`sync_slots.rs`). The leases the peer's records name are renewed meanwhile.
+    Queued,
     Syncing,
     Watching,
     Resyncing,
@@ -23,6 +26,7 @@ impl Phase {
     pub fn as_str(self) -> &'static str {
         match self {
             Phase::Connecting => "Connecting",
+            Phase::Queued => "Queued",
             Phase::Syncing => "Syncing",
             Phase::Watching => "Watching",
             Phase::Resyncing => "Resyncing",
@@ -34,8 +38,9 @@ impl Phase {
         }
     }
 
-    pub const ALL: [Phase; 9] = [
+    pub const ALL: [Phase; 10] = [
         Phase::Connecting,
+        Phase::Queued,
         Phase::Syncing,
         Phase::Watching,
         Phase::Resyncing,

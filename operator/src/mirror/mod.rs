@@ -14,7 +14,8 @@
 //!    progress): their formats and plans (pure), reading and writing them, and how a session
 //!    resumes from them (pure).
 //! 6. Pure decisions and small parts: [`plan`] (the sync diff, batching, Txn packing), [`verify`],
-//!    [`health`], [`detector`], [`backoff`], and [`target`] (reaching an etcd with a member down).
+//!    [`health`], [`detector`], [`backoff`], [`sync_slots`] (an origin's workers take turns at
+//!    full syncs) and [`target`] (reaching an etcd with a member down).
 //! 7. `shared`: what a worker's parts share while it runs (health, events, the detector).
 //!
 //! Beside the worker, for the controllers: [`retire`] (what deleting a RegionPeering does on each
@@ -34,6 +35,7 @@ pub mod retire;
 mod session;
 mod shared;
 mod streams;
+pub mod sync_slots;
 pub mod target;
 pub mod verify;
 pub mod worker;
@@ -41,6 +43,7 @@ pub mod worker;
 pub use config::{DEFAULT_VERIFY_KEYS_PER_SECOND, MirrorConfig};
 pub use health::{MirrorEvent, PeerHealth, Phase, Refusal, RenewalShortfall, ResyncCause};
 pub use records::checkpoint::OwningObject;
+pub use sync_slots::{FULL_SYNCS_AT_ONCE, SyncSlots};
 pub use target::EtcdTarget;
 pub use verify::VerifyBudget;
 pub use worker::{MirrorHandle, spawn};

@@ -17,6 +17,7 @@ use super::records::resume::{
 use super::records::store::{Records, read_records};
 use super::streams::spread::Spread;
 use super::streams::watch::WatchEnd;
+use super::sync_slots::SyncSlot;
 use crate::keys;
 use anyhow::{Context, anyhow};
 use etcd_client::{Client, Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse};
@@ -114,7 +115,7 @@ impl Worker {
         }
         state.lease_cap = crate::mirror::plan::lease_cap(self.config.max_keys_per_lease, state.auth_binds);
         let taking = Taking { generation, origin, kept, first_session };
-        self.take_ownership(state, &peer, &records, taking).await?;
+        state.sync_turn = self.take_ownership(state, &peer, &records, taking).await?;
         self.sync_and_watch(state, &mut local, &mut peer, &mut spread, lost_rx, backoff).await
     }
 
@@ -177,14 +178,16 @@ impl Worker {
     }
 
     /// Decides where to resume from the records and the leases still alive, takes a new epoch,
-    /// and sets the session's state from both.
+    /// and sets the session's state from both. When a full sync is owed, waits its turn first
+    /// (`sync_slots.rs`) and returns the slot: the recorded leases are renewed meanwhile, and the
+    /// owner record stays as it is until this worker is about to write.
     async fn take_ownership(
         &self,
         state: &mut State,
         peer: &Client,
         records: &Records,
         taking: Taking,
-    ) -> anyhow::Result<()> {
+    ) -> anyhow::Result<Option<SyncSlot>> {
         let Taking { generation, origin, kept, first_session } = taking;
         // Whether each lease is alive, from the peer's answers to the renewals.
         let ttl = Duration::from_secs(self.config.lease_ttl_seconds.max(1) as u64);
@@ -206,6 +209,10 @@ impl Worker {
                 "the origin etcd was restored or replaced; full sync"
             );
         }
+        let slot = match resume.resync {
+            Some(cause) => Some(self.sync_slot(cause).await),
+            None => None,
+        };
         let (epoch, may_hold_through) =
             self.acquire(peer, records, generation, resume.applied, origin.cluster_id).await?;
         self.shared.update(|h| h.refusal = None);
@@ -249,7 +256,26 @@ impl Worker {
             h.leases = leases;
             h.synced = synced;
         });
-        Ok(())
+        Ok(slot)
+    }
+
+    /// A turn at a full sync among the origin's workers: at once when one is free, otherwise
+    /// after waiting as `Queued`.
+    async fn sync_slot(&self, cause: ResyncCause) -> SyncSlot {
+        let slots = &self.config.sync_slots;
+        if let Some(slot) = slots.try_take() {
+            return slot;
+        }
+        self.shared.phase(Phase::Queued);
+        info!(
+            cause = cause.as_str(),
+            at_once = slots.size(),
+            "a full sync is owed; waiting for the origin's other syncs"
+        );
+        let waited = Instant::now();
+        let slot = slots.take().await;
+        info!(waited_ms = waited.elapsed().as_millis() as u64, "the full sync's turn came");
+        slot
     }
 
     /// Syncs when a sync is owed, then watches, until the session ends.
@@ -266,6 +292,11 @@ impl Worker {
             // The cause stays until a sync completes: a sync cut short by an error is redone by
             // the next session, never skipped for the watch.
             if let Some(cause) = state.resync_cause {
+                // A turn among the origin's syncs, held until this one ends (`sync_slots.rs`).
+                let _turn = match state.sync_turn.take() {
+                    Some(turn) => turn,
+                    None => self.sync_slot(cause).await,
+                };
                 // Every full sync but the worker's first is a resync, counted with its cause.
                 if cause != ResyncCause::Initial || state.synced_once {
                     self.shared.update(|h| {

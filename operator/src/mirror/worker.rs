@@ -119,6 +119,8 @@ impl Worker {
                 _ = self.cancel.cancelled() => Ok(SessionEnd::Shutdown),
                 r = self.session(&mut state, &mut lost_rx, &mut backoff) => r,
             };
+            // A turn at a sync that a session took and did not use goes to the origin's next worker.
+            state.sync_turn = None;
             match outcome {
                 Ok(SessionEnd::Shutdown) => break,
                 Ok(SessionEnd::Retired(by)) => {
