@@ -191,6 +191,11 @@ fn ready(f: &Facts) -> Verdict {
         .filter(|p| !obs.peers.iter().any(|h| h.peer == p.region && f.ready_peer(h)))
         .map(|p| match obs.peers.iter().find(|h| h.peer == p.region) {
             None => format!("{}: not running", p.region),
+            Some(h) if h.phase == Phase::Queued => format!(
+                "{}: Queued (its full sync waits for the region's other syncs to end: {} run at once)",
+                p.region,
+                crate::mirror::FULL_SYNCS_AT_ONCE
+            ),
             Some(h) if !h.synced => format!("{}: {} (initial sync not complete)", p.region, h.phase.as_str()),
             Some(h) if h.lease_ttl_remaining(obs.now).is_none_or(|t| t <= 0) => {
                 format!("{}: lease not kept alive", p.region)
@@ -510,6 +515,20 @@ mod tests {
         assert_eq!(status.peers_ready.as_deref(), Some("2/2"));
         assert_eq!(status.worst_lag.as_deref(), Some("0s"));
         assert_eq!(status.observed_generation, Some(3));
+    }
+
+    #[test]
+    fn a_peer_waiting_its_turn_at_a_full_sync_is_named_queued_and_not_ready() {
+        let now = SystemTime::now();
+        let spec = spec(&["b", "c"]);
+        let mut queued = healthy("c", now);
+        queued.synced = false;
+        queued.phase = Phase::Queued;
+        let status = compute(None, &observe(&spec, vec![healthy("b", now), queued], now));
+        let ready = get(&status, READY);
+        assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "PeerNotSynced"));
+        assert!(ready.message.contains("c: Queued (its full sync waits"), "{}", ready.message);
+        assert!(!ready.message.contains("b:"), "{}", ready.message);
     }
 
     #[test]
