@@ -2,7 +2,8 @@
 //! twice the interval): partitions shorter than the TTL cost no key, tens of thousands of leases
 //! on a three-member peer are renewed through its followers (or reported too slow to renew before
 //! any lapses, through one follower at a short TTL), an idle federation neither reports a
-//! healthy peer unreachable nor writes anything, and a partition is reported once. These tests
+//! healthy peer unreachable nor writes anything, a partition is reported once, and a successor
+//! waiting its turn at a resync keeps the copy it inherits alive. These tests
 //! mostly wait, so they run side by side (one binary, one thread each), beside the e2e.
 mod support;
 
@@ -243,4 +244,56 @@ async fn at_the_defaults_a_35s_partition_is_reported_unreachable_once_and_reacha
         .collect();
     assert_eq!(pairs, vec![MirrorEvent::RegionUnreachable, MirrorEvent::RegionReachable], "{:?}", handle.health());
     handle.shutdown().await;
+}
+
+/// At the defaults, a successor that owes the peer a resync waits its turn among its origin's
+/// full syncs for three TTLs: the leases of the copy it inherits are renewed all along (sampled
+/// twice a second, never closer than a keepalive interval and a margin to lapsing), nothing is
+/// deleted, and the copy is whole once its turn comes.
+#[tokio::test]
+#[ignore = "soak: minutes at the CRD defaults; `make test` runs it beside the other suites (hack/test.sh)"]
+async fn at_the_defaults_a_successor_waiting_its_turn_at_a_resync_keeps_the_copy_alive() {
+    let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("b")).unwrap();
+    let mut o = connect(&[origin.endpoint()], None).await;
+    write_keys(&mut o, "a", 0..500, "v1").await;
+    let mut p = connect(&[peer.endpoint()], None).await;
+    let plain = |server: &EtcdServer| EtcdTarget::plain([server.endpoint()]);
+    let (first, _e) = start(defaults("w1"), plain(&origin), plain(&peer));
+    wait_synced(&first).await;
+    first.shutdown().await;
+    let mut leases: Vec<i64> =
+        subtree(&mut p, &aether_operator::keys::region_prefix("a")).await.values().map(|(_, lease)| *lease).collect();
+    leases.sort_unstable();
+    leases.dedup();
+    assert!(!leases.is_empty() && !leases.contains(&0), "the copy sits on leases: {leases:?}");
+    // The records are damaged: the successor owes a resync.
+    p.put(aether_operator::keys::checkpoint_key("a"), "{\"not\": \"a checkpoint\"", None).await.unwrap();
+    let deletes = count_peer_deletes(&p, "a").await;
+
+    let mut cfg = defaults("w2");
+    cfg.sync_slots = std::sync::Arc::new(aether_operator::mirror::SyncSlots::new(1));
+    let (ttl, interval) = (cfg.lease_ttl_seconds, cfg.keepalive_interval);
+    // The origin's other peers hold its only turn.
+    let others = cfg.sync_slots.try_take().expect("a free turn");
+    let (second, _e) = start(cfg, plain(&origin), plain(&peer));
+    wait_health(&second, "waits its turn", |h| h.phase == Phase::Queued).await;
+    let queued = Instant::now();
+    let mut lowest = i64::MAX;
+    while queued.elapsed() < Duration::from_secs(3 * ttl as u64) {
+        for lease in &leases {
+            let left = p.lease_time_to_live(*lease, None).await.map(|r| r.ttl()).unwrap_or(-1);
+            lowest = lowest.min(left);
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await; // sampling the TTLs, not waiting on them
+    }
+    assert_eq!(second.health().phase, Phase::Queued, "synced without a turn: {:?}", second.health());
+    assert_eq!(deletes.load(Ordering::SeqCst), 0, "the copy lapsed while its successor waited for a turn");
+    let margin = ttl - interval.as_secs() as i64 - 5;
+    assert!(lowest >= margin, "a lease came within {lowest} s of lapsing while queued (renewed every {interval:?})");
+
+    drop(others);
+    wait_synced(&second).await;
+    converged(&o, &p, "a", DEADLINE).await;
+    assert_eq!(deletes.load(Ordering::SeqCst), 0, "keys lapsed before the resync re-put them");
+    second.shutdown().await;
 }
