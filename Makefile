@@ -52,7 +52,7 @@ test: tools lint
 ## test-soak: the soak tests alone (the lease promise at the CRD defaults and with 16k leases, and
 ## eight origins syncing into a peer held to 3 % of a core, which needs root)
 test-soak: tools
-	$(CARGO) test -p aether-operator --test soak -- --ignored --test-threads=6
+	$(CARGO) test -p aether-operator --test soak -- --ignored --test-threads=7
 	$(CARGO) test -p aether-operator --test overload -- --ignored
 
 ## check-alerts: the alert rules rendered by the chart (defaults and tuned values): promtool check and

@@ -53,7 +53,7 @@ took "make image"
 soak_log=$(mktemp -t aether-soak.XXXXXX)
 overload_log=$(mktemp -t aether-overload.XXXXXX)
 started=$SECONDS
-"$cargo" test -p aether-operator --test soak -- --ignored --test-threads=6 >"$soak_log" 2>&1 &
+"$cargo" test -p aether-operator --test soak -- --ignored --test-threads=7 >"$soak_log" 2>&1 &
 soak=$!
 # Its own process beside them (the test binaries of one cargo run run one after another): the
 # overload soak at the defaults.

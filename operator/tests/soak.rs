@@ -2,8 +2,9 @@
 //! twice the interval): partitions shorter than the TTL cost no key, tens of thousands of leases
 //! on a three-member peer are renewed through its followers (or reported too slow to renew before
 //! any lapses, through one follower at a short TTL), an idle federation neither reports a
-//! healthy peer unreachable nor writes anything, a partition is reported once, and a successor
-//! waiting its turn at a resync keeps the copy it inherits alive. These tests
+//! healthy peer unreachable nor writes anything nor loses a connection, a partition is reported
+//! once, a successor waiting its turn at a resync keeps the copy it inherits alive, and a quiet
+//! connection is not closed by the etcd for its pings. These tests
 //! mostly wait, so they run side by side (one binary, one thread each), beside the e2e.
 mod support;
 
@@ -184,7 +185,8 @@ async fn revision(c: &mut etcd_client::Client) -> i64 {
 
 #[tokio::test]
 #[ignore = "soak: minutes at the CRD defaults; `make test` runs it beside the other suites (hack/test.sh)"]
-async fn an_idle_federation_at_the_defaults_reports_no_unreachable_peer_and_writes_nothing_for_ten_minutes() {
+async fn an_idle_federation_at_the_defaults_reports_no_unreachable_peer_writes_nothing_and_keeps_its_connections_for_ten_minutes()
+ {
     let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("b")).unwrap();
     let mut o = connect(&[origin.endpoint()], None).await;
     write_keys(&mut o, "a", 0..300, "v1").await;
@@ -199,9 +201,15 @@ async fn an_idle_federation_at_the_defaults_reports_no_unreachable_peer_and_writ
     wait_health(&handle, "a keepalive round after the sync", |h| h.keepalive_rounds > rounds).await;
     drain_events(&mut events);
     let (origin_before, peer_before) = (revision(&mut o).await, revision(&mut p).await);
+    let ports = [origin.client_addr().port(), peer.client_addr().port()];
+    let open_before = ports.map(client_connections);
     let idle = Duration::from_secs(600);
     tokio::time::sleep(idle).await; // the idle period itself: nothing may happen in it
     let seen = drain_events(&mut events);
+    for (before, now) in open_before.iter().zip(ports.map(client_connections)) {
+        let closed: Vec<&u16> = before.difference(&now).collect();
+        assert!(closed.is_empty(), "connections closed while idle (by client port): {closed:?}; open now: {now:?}");
+    }
     let flaps: Vec<&MirrorEvent> =
         seen.iter().filter(|e| matches!(e, MirrorEvent::RegionUnreachable | MirrorEvent::RegionReachable)).collect();
     assert!(flaps.is_empty(), "a healthy idle peer was reported unreachable: {flaps:?}");
@@ -296,4 +304,32 @@ async fn at_the_defaults_a_successor_waiting_its_turn_at_a_resync_keeps_the_copy
     converged(&o, &p, "a", DEADLINE).await;
     assert_eq!(deletes.load(Ordering::SeqCst), 0, "keys lapsed before the resync re-put them");
     second.shutdown().await;
+}
+
+/// etcd closes a connection its client pings with no call open on it (gRPC's keepalive policy,
+/// which etcd does not relax: the third such ping, about 40 s into a quiet spell at a 10 s
+/// interval, ends the connection, and a call sent meanwhile is refused "too_many_pings" or cut by
+/// a broken pipe). The operator's connections ping every 10 s; a quiet minute must leave them open.
+#[tokio::test]
+#[ignore = "soak: minutes at the CRD defaults; `make test` runs it beside the other suites (hack/test.sh)"]
+async fn a_connection_to_an_etcd_left_quiet_for_a_minute_stays_open() {
+    let peer = EtcdServer::start("b").await.unwrap();
+    let port = peer.client_addr().port();
+    let before = client_connections(port);
+    let mut client = EtcdTarget::plain([peer.endpoint()]).connect().await.expect("connect");
+    client.get("k", None).await.expect("a first call");
+    // The probes' connections close once they are dropped; the client's own stays.
+    let started = Instant::now();
+    let ours = loop {
+        let new: Vec<u16> = client_connections(port).difference(&before).copied().collect();
+        if new.len() == 1 || started.elapsed() > DEADLINE {
+            break new;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(ours.len(), 1, "the client holds one connection to the etcd: {ours:?}");
+    tokio::time::sleep(Duration::from_secs(60)).await; // the quiet spell itself: no call at all
+    let now = client_connections(port);
+    assert!(now.contains(&ours[0]), "the etcd closed the quiet connection {ours:?}; open now: {now:?}");
+    client.get("k", None).await.expect("a call after the quiet minute");
 }

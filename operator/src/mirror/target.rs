@@ -95,7 +95,9 @@ impl EtcdTarget {
         let mut options = ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(5))
             .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
-            .with_keep_alive_while_idle(true)
+            // Pings only while a call is open: etcd closes a connection pinged with none open
+            // (the third such ping, "too_many_pings"), cutting the call that crosses it.
+            .with_keep_alive_while_idle(false)
             // A member cut off from its quorum refuses instead of serving stale reads or hanging.
             .with_require_leader(true);
         let https = self.endpoints.iter().any(|e| e.starts_with("https://"));
@@ -180,7 +182,7 @@ impl EtcdTarget {
             .connect_timeout(Duration::from_secs(5))
             .http2_keep_alive_interval(Duration::from_secs(10))
             .keep_alive_timeout(Duration::from_secs(5))
-            .keep_alive_while_idle(true);
+            .keep_alive_while_idle(false); // as in `base_options`
         if url.starts_with("https://") {
             let tls = self.tls.clone().unwrap_or_else(|| TlsOptions::new().with_webpki_roots());
             endpoint = endpoint.tls_config(tls).map_err(|e| invalid(&e))?;
