@@ -154,7 +154,6 @@ async fn a_layout_one_follower_cannot_renew_in_time_is_reported_before_any_lease
         }
     }
     let (lapsed, health) = (deletes.load(Ordering::SeqCst) > 0 || seen.iter().any(is_lapse), handle.health());
-    assert!(health.keepalive_streams > 1, "the renewals were not spread over streams: {health:?}");
     if lapsed {
         let (deletes_then, short) = tokio::time::timeout(DEADLINE, said)
             .await
@@ -170,9 +169,15 @@ async fn a_layout_one_follower_cannot_renew_in_time_is_reported_before_any_lease
             said_at.is_some_and(|s| lapsed_at.is_none_or(|l| s < l)),
             "the RenewalsTooSlow event did not come before the first lapse: {seen:?}"
         );
+        // Said on the streams it had measured: a round projected past half the TTL is said at
+        // once (no time is left to find out whether more streams help), so on a slow enough peer
+        // the leases can lapse before a round on more streams ends.
         let short = short.expect("said");
+        assert!(short.round > short.ttl / 3, "said without a shortfall: {short:?}");
         eprintln!("said before anything lapsed: {}", short.describe());
     } else {
+        // 4,096 leases take at least two streams (2,048 a stream), and more at this rate.
+        assert!(health.keepalive_streams > 1, "the renewals were not spread over streams: {health:?}");
         eprintln!("renewed in time through one follower, nothing lapsed: {health:?}");
     }
     handle.shutdown().await;
