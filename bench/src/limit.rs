@@ -6,6 +6,7 @@
 //! against (a copy that reads the origin while it writes can only come below it).
 use crate::fixtures::rate;
 use crate::process::{CpuSplit, etcd_pid};
+use crate::table::Table;
 use aether_harness::{EtcdFlavor, EtcdServer};
 use aether_operator::keys;
 use etcd_client::{Client, GetOptions, Txn, TxnOp};
@@ -60,7 +61,7 @@ pub async fn peer_write_limit(kvs: &[(Vec<u8>, Vec<u8>)], peers: usize) -> anyho
     let mut sweep = Vec::new();
     for (connections, depth) in SWEEP {
         let fresh: Vec<EtcdServer> = futures::future::try_join_all(
-            ["limit-b", "limit-c"]
+            ["limit-b", "limit-c", "limit-d"]
                 .into_iter()
                 .take(peers)
                 .map(|name| EtcdServer::start_with(name, EtcdFlavor::Default, &[])),
@@ -114,4 +115,22 @@ async fn write_all(kvs: &[(Vec<u8>, Vec<u8>)], clients: &[Client], depth: usize)
         .into_iter()
         .collect::<Result<Vec<_>, _>>()?;
     Ok(start.elapsed())
+}
+
+/// The limit's row under `scenario`: its rate, the point of the sweep that reached it, every
+/// point, and where the CPU went at the best one.
+pub fn limit_row(table: &mut Table, scenario: &str, limit: &WriteLimit) {
+    table.row_with(
+        scenario,
+        "the peer's write limit (keys pre-read; Txns of 126 puts)",
+        format!("{:.0} keys/s", limit.keys_per_s),
+        format!(
+            "best at {} connections x {} in flight per peer; sweep: {}; at the best, {}",
+            limit.connections,
+            limit.depth,
+            limit.sweep.join(", "),
+            limit.cpu
+        ),
+        serde_json::json!({"keys_per_s": limit.keys_per_s, "connections": limit.connections, "depth": limit.depth}),
+    );
 }

@@ -129,6 +129,17 @@ impl CpuSplit {
     }
 }
 
+/// The (label, pid) pairs of a sync's processes: the origin etcd, the mirror, each peer etcd.
+pub fn sync_processes(
+    origin: &aether_harness::EtcdServer,
+    mirror: &WorkerProcess,
+    peers: &[aether_harness::EtcdServer],
+) -> Vec<(String, String)> {
+    let mut pids = vec![("origin etcd".to_string(), etcd_pid(origin)), ("mirror".into(), mirror.pid())];
+    pids.extend(peers.iter().map(|t| (format!("peer etcd {}", t.name()), etcd_pid(t))));
+    pids
+}
+
 /// The machine's busy and total CPU ticks so far (/proc/stat), to show how busy it was between two
 /// readings.
 pub fn machine_ticks() -> (u64, u64) {

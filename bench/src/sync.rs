@@ -1,12 +1,12 @@
 //! The full sync: 100k keys onto an empty peer (this mirror against the peer's own write limit,
-//! make-mirror and a raw copy), over a WAN, and at scale (a million keys: memory, time, the
-//! checkpoint's footprint).
+//! make-mirror and a raw copy), over a WAN, and at scale (10k to 1M keys into one to three peers:
+//! each against the peers' write limit at that size, with memory, time and the checkpoint's footprint).
 use crate::fixtures::{
     MAKE_MIRROR_BUDGET, SYNC_KEYS, at_rtt, behind, bench_config, count, fill, make_mirror, rate, raw_copy,
     raw_copy_client, spawn_worker, tempfile_dir, wait_count, wait_synced,
 };
-use crate::limit::{peer_write_limit, read_subtree};
-use crate::process::{CpuSplit, WorkerProcess, busy_percent, cpu_seconds, etcd_pid, machine_ticks};
+use crate::limit::{limit_row, peer_write_limit, read_subtree};
+use crate::process::{CpuSplit, WorkerProcess, busy_percent, cpu_seconds, machine_ticks, sync_processes};
 use crate::table::Table;
 use aether_harness::{EtcdFlavor, EtcdServer, ManagedProcess};
 use aether_operator::keys;
@@ -34,9 +34,7 @@ pub async fn bench_sync(table: &mut Table) -> anyhow::Result<()> {
             targets.iter().enumerate().map(|(i, t)| (peer_names[i].to_string(), t.endpoint())).collect();
         let ticks = machine_ticks();
         let mut worker = WorkerProcess::start(&origin.endpoint(), &specs)?;
-        let mut pids = vec![("origin etcd".to_string(), etcd_pid(&origin)), ("mirror".into(), worker.pid())];
-        pids.extend(targets.iter().map(|t| (format!("peer etcd {}", t.name()), etcd_pid(t))));
-        let split = CpuSplit::start(pids);
+        let split = CpuSplit::start(sync_processes(&origin, &worker, &targets));
         let elapsed = worker.wait_synced()?;
         let (busy, worker_cpu) = (busy_percent(ticks, machine_ticks()), worker.cpu_seconds());
         let sync_cpu = split.report();
@@ -72,19 +70,7 @@ pub async fn bench_sync(table: &mut Table) -> anyhow::Result<()> {
             "-".into(),
             sync_cpu,
         );
-        table.row_with(
-            &format!("sync {SYNC_KEYS} keys, {peers} peer(s)"),
-            "the peer's write limit (keys pre-read; Txns of 126 puts)",
-            format!("{:.0} keys/s", limit.keys_per_s),
-            format!(
-                "best at {} connections x {} in flight per peer; sweep: {}; at the best, {}",
-                limit.connections,
-                limit.depth,
-                limit.sweep.join(", "),
-                limit.cpu
-            ),
-            serde_json::json!({"connections": limit.connections, "depth": limit.depth}),
-        );
+        limit_row(table, &format!("sync {SYNC_KEYS} keys, {peers} peer(s)"), &limit);
 
         // make-mirror, same data, fresh peers.
         let fresh: Vec<EtcdServer> = futures::future::try_join_all(
@@ -221,13 +207,23 @@ pub async fn bench_wan_sync(table: &mut Table, rtt: Duration) -> anyhow::Result<
     Ok(())
 }
 
-/// The scale curve: one origin synced into one peer at 10k, 100k and 1M keys, and 1M keys into
-/// three peers, the mirror as its own process (peak RSS sampled).
+/// The scale curve: one origin synced at 10k, 100k and 1M keys into one peer and into two, and 1M
+/// keys into three, the mirror as its own process (peak RSS sampled); each against the peers' own
+/// write limit at that size, measured in the same run.
 pub async fn bench_scale(table: &mut Table) -> anyhow::Result<()> {
-    println!("scale curve: sync 10k, 100k, 1M keys into 1 peer; 1M into 3");
+    println!("scale curve: sync 10k, 100k, 1M keys into 1 peer and into 2; 1M into 3");
     let prefix = keys::region_prefix("a");
     let mut one_peer_rate = HashMap::new();
-    for (keys_n, peers) in [(10_000usize, 1usize), (100_000, 1), (1_000_000, 1), (1_000_000, 3)] {
+    let curve = [
+        (10_000usize, 1usize),
+        (10_000, 2),
+        (100_000, 1),
+        (100_000, 2),
+        (1_000_000, 1),
+        (1_000_000, 2),
+        (1_000_000, 3),
+    ];
+    for (keys_n, peers) in curve {
         let origin =
             EtcdServer::start_with("sc-a", EtcdFlavor::Default, &["--quota-backend-bytes", "8589934592"]).await?;
         let oc = Client::connect([origin.endpoint()], None).await?;
@@ -242,7 +238,9 @@ pub async fn bench_scale(table: &mut Table) -> anyhow::Result<()> {
         let specs: Vec<(String, String)> =
             targets.iter().enumerate().map(|(i, t)| (format!("p{i}"), t.endpoint())).collect();
         let mut worker = WorkerProcess::start(&origin.endpoint(), &specs)?;
+        let split = CpuSplit::start(sync_processes(&origin, &worker, &targets));
         let elapsed = worker.wait_synced()?;
+        let sync_cpu = split.report();
         let peak = worker.peak_kb();
         drop(worker);
         let mut unseen = 0i64;
@@ -278,13 +276,19 @@ pub async fn bench_scale(table: &mut Table) -> anyhow::Result<()> {
         };
         let bookkeeping = progress.encode().len() + keys::progress_key("a").len();
         let vs_100k = one_peer_rate.get(&100_000).map(|r| r / keys_per_s);
+        // The peers' own write limit at this size, measured in this run on the same machine.
+        let kvs = read_subtree(&oc).await?;
+        let limit = peer_write_limit(&kvs, peers).await?;
+        drop(kvs);
+        let scenario = format!("scale: sync {keys_n} keys, {peers} peer(s)");
         table.row_with(
-            &format!("scale: sync {keys_n} keys, {peers} peer(s)"),
+            &scenario,
             "this mirror",
             format!("{keys_per_s:.0} keys/s"),
             format!(
-                "{:.2}s, peak RSS {:.1} MiB, {unseen} keys missing (failures), {bookkeeping} B bookkeeping per watch Txn, checkpoint {} B in {} part(s){}",
+                "{:.2}s, {:.0} % of the peers' write limit; peak RSS {:.1} MiB, {unseen} keys missing (failures), {bookkeeping} B bookkeeping per watch Txn, checkpoint {} B in {} part(s){}",
                 elapsed.as_secs_f64(),
+                100.0 * keys_per_s / limit.keys_per_s,
                 peak as f64 / 1024.0,
                 recorded.1,
                 recorded.0,
@@ -297,10 +301,13 @@ pub async fn bench_scale(table: &mut Table) -> anyhow::Result<()> {
             }),
             serde_json::json!({
                 "keys": keys_n, "peers": peers, "keys_per_s": keys_per_s, "seconds": elapsed.as_secs_f64(), "raw_keys_per_s": raw,
+                "share_of_write_limit": keys_per_s / limit.keys_per_s,
                 "peak_rss_mib": peak as f64 / 1024.0, "missing": unseen, "bookkeeping_bytes_per_watch_txn": bookkeeping,
                 "checkpoint_parts": recorded.0, "checkpoint_bytes": recorded.1,
             }),
         );
+        table.row(&scenario, "this mirror: CPU by process (from the worker's start)", "-".into(), sync_cpu);
+        limit_row(table, &scenario, &limit);
     }
     Ok(())
 }
