@@ -1,5 +1,5 @@
-//! Client connections an etcd holds open: the TCP sockets established to its client port, read
-//! from /proc/net/tcp and tcp6 (every process on this machine, so every worker's).
+//! Client connections an etcd holds open: the TCP sockets established to its client port (every
+//! process on this machine, so every worker's).
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,21 +11,9 @@ const SAMPLE_EVERY: Duration = Duration::from_millis(250);
 /// Established connections to each of `ports` (server side: the socket's local port).
 pub fn established(ports: &[u16]) -> Vec<usize> {
     let mut counts: BTreeMap<u16, usize> = ports.iter().map(|p| (*p, 0)).collect();
-    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
-        let Ok(text) = std::fs::read_to_string(table) else { continue };
-        for line in text.lines().skip(1) {
-            let mut fields = line.split_whitespace();
-            let (Some(local), Some(_remote), Some(state)) = (fields.nth(1), fields.next(), fields.next()) else {
-                continue;
-            };
-            // 01: ESTABLISHED.
-            if state != "01" {
-                continue;
-            }
-            let port = local.rsplit(':').next().and_then(|hex| u16::from_str_radix(hex, 16).ok());
-            if let Some(count) = port.and_then(|p| counts.get_mut(&p)) {
-                *count += 1;
-            }
+    for connection in aether_harness::established_connections() {
+        if let Some(count) = counts.get_mut(&connection.local_port) {
+            *count += 1;
         }
     }
     ports.iter().map(|p| counts[p]).collect()

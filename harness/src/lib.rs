@@ -11,6 +11,7 @@ mod pki;
 mod process;
 mod proxy;
 mod region;
+mod sockets;
 mod tools;
 
 pub use apiserver::{KubeApiserver, client_from_kubeconfig};
@@ -21,6 +22,7 @@ pub use pki::{CertFiles, Pki};
 pub use process::{Managed as ManagedProcess, free_port, wait_until};
 pub use proxy::{FaultProxy, Faults};
 pub use region::Region;
+pub use sockets::{Established, established_connections};
 pub use tools::{tool_path, tools_bin_dir};
 
 /// How long a server may take to become ready before the harness gives up.

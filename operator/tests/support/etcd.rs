@@ -219,23 +219,12 @@ pub async fn count_deletes_of(endpoints: Vec<String>, watched: Vec<Vec<u8>>) -> 
 }
 
 /// The connections open to a server's `port` from this machine's clients, by the client's port
-/// (read from /proc/net/tcp and tcp6; ESTABLISHED only). A connection the server closed and the
-/// client opened again shows as another port.
+/// (ESTABLISHED only). A connection the server closed and the client opened again shows as
+/// another port.
 pub fn client_connections(port: u16) -> BTreeSet<u16> {
-    let mut ports = BTreeSet::new();
-    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
-        let Ok(text) = std::fs::read_to_string(table) else { continue };
-        for line in text.lines().skip(1) {
-            let mut fields = line.split_whitespace();
-            let (Some(local), Some(remote), Some(state)) = (fields.nth(1), fields.next(), fields.next()) else {
-                continue;
-            };
-            let port_of = |address: &str| address.rsplit(':').next().and_then(|hex| u16::from_str_radix(hex, 16).ok());
-            // 01: ESTABLISHED.
-            if state == "01" && port_of(remote) == Some(port) {
-                ports.extend(port_of(local));
-            }
-        }
-    }
-    ports
+    aether_harness::established_connections()
+        .into_iter()
+        .filter(|c| c.remote_port == port)
+        .map(|c| c.local_port)
+        .collect()
 }
