@@ -344,16 +344,16 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         duration_seconds: args.leader_lease_duration,
         grace_seconds: args.leader_lease_grace.min(args.leader_lease_duration.saturating_sub(1)).max(1),
     };
-    leader::run_elected(client.clone(), leader_settings, &metrics, shutdown.clone(), |term| {
-        let (client, settings, metrics, namespaces) =
-            (client.clone(), settings.clone(), metrics.clone(), namespaces.clone());
+    // The workers outlive a term of the controllers: a leader that loses sight of the API server
+    // keeps renewing (leader.rs), and leads again over the same workers when it comes back.
+    let peering = region_peering::Context::new(client.clone(), settings.clone(), metrics.clone());
+    let schema =
+        aether_operator::controllers::registry_schema::Context::new(client.clone(), settings.clone(), metrics.clone());
+    let lead = |term: CancellationToken| {
+        let (peering, schema, namespaces) = (peering.clone(), schema.clone(), namespaces.clone());
         async move {
-            let peering = region_peering::Context::new(client.clone(), settings.clone(), metrics.clone());
-            let schema = aether_operator::controllers::registry_schema::Context::new(
-                client.clone(),
-                settings.clone(),
-                metrics.clone(),
-            );
+            peering.new_term();
+            schema.new_term();
             let mut controllers = Vec::new();
             for ns in namespaces {
                 controllers.push(tokio::spawn(region_peering::run(peering.clone(), ns.clone(), term.clone())));
@@ -365,19 +365,23 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             }
             term.cancelled().await;
             // A reconcile in flight may wait on an API server that no longer answers (the reason a
-            // leader stands down): the workers must stop now, before a standby can lead, not after
-            // its request times out. The next leader reconciles everything again.
+            // term ends): the controllers stop now, not after its request times out. The next term
+            // reconciles everything again.
             for c in &controllers {
                 c.abort();
             }
             for c in controllers {
                 let _ = c.await;
             }
-            peering.stop_all().await;
+            // Drains resume from their records under the next term.
             schema.stop_all().await;
         }
-    })
-    .await?;
+    };
+    let release = || {
+        let peering = peering.clone();
+        async move { peering.stop_all().await }
+    };
+    leader::run_elected(client.clone(), leader_settings, &metrics, shutdown.clone(), lead, release).await?;
     shutdown.cancel();
     let _ = server.await;
     Ok(())

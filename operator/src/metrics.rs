@@ -203,7 +203,7 @@ impl KeepaliveMetrics {
             ttl_seconds: add(
                 r,
                 "lease_ttl_seconds",
-                "The configured TTL of the origin-heartbeat leases",
+                "The TTL the origin-heartbeat leases on the peer were granted with (the configured one until the peer answered)",
                 Family::default(),
             ),
             ttl_remaining_seconds: add(
@@ -274,6 +274,7 @@ impl DrainMetrics {
 /// The operator process: leadership, reconciles, status writes, its build.
 pub struct OperatorMetrics {
     pub leader: Gauge,
+    pub headless: Gauge,
     pub reconcile_errors: Family<ControllerLabels, Counter>,
     pub reconcile_duration: Family<ControllerLabels, Histogram>,
     pub status_patches: Family<RegionLabels, Counter>,
@@ -284,6 +285,12 @@ impl OperatorMetrics {
     fn register(r: &mut Registry) -> Self {
         let m = OperatorMetrics {
             leader: add(r, "leader", "1 while this instance leads its region", Gauge::default()),
+            headless: add(
+                r,
+                "leader_headless",
+                "1 while this instance's mirror workers keep renewing without the Kubernetes API server confirming its leadership",
+                Gauge::default(),
+            ),
             reconcile_errors: add(r, "reconcile_errors", "Reconciles that failed, by controller", Family::default()),
             reconcile_duration: add(
                 r,
@@ -363,7 +370,7 @@ impl Metrics {
         self.observe_keepalive_rounds(h, &l);
         k.streams.get_or_create(&l).set(h.keepalive_streams as i64);
         k.leases.get_or_create(&l).set(h.leases as i64);
-        k.ttl_seconds.get_or_create(&l).set(h.lease_ttl_seconds);
+        k.ttl_seconds.get_or_create(&l).set(h.lease_ttl_reported.unwrap_or(h.lease_ttl_seconds));
         k.ttl_remaining_seconds.get_or_create(&l).set(h.lease_ttl_remaining(now).unwrap_or(0));
     }
 

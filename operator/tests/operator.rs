@@ -525,12 +525,7 @@ async fn two_namespaces_run_side_by_side_and_see_each_others_claims() {
 }
 
 async fn leader_gauge(port: u16) -> Option<f64> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
-    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").await.ok()?;
-    let mut body = String::new();
-    s.read_to_string(&mut body).await.ok()?;
-    body.lines().find(|l| l.starts_with("aether_federation_leader "))?.rsplit(' ').next()?.parse().ok()
+    gauge(port, "aether_federation_leader").await
 }
 
 #[tokio::test]
@@ -616,7 +611,7 @@ async fn a_paused_leader_stands_down_and_none_of_its_writes_land_after_the_succe
 }
 
 #[tokio::test]
-async fn a_leader_cut_off_from_the_api_server_stops_its_workers_before_a_standby_can_lead() {
+async fn a_leader_cut_off_from_the_api_server_keeps_the_copy_alive_and_leads_again_over_the_same_workers() {
     let (apiserver, a, b) =
         tokio::try_join!(KubeApiserver::start("cut"), EtcdServer::start("cut-a"), EtcdServer::start("cut-b")).unwrap();
     let dir = tempfile::tempdir().unwrap();
@@ -631,26 +626,65 @@ async fn a_leader_cut_off_from_the_api_server_stops_its_workers_before_a_standby
     create_json(&client, NS, peering("a", "a", &a, &[("b", &b)])).await.unwrap();
     wait_condition(&api, "a", "Ready", "True", None).await;
     assert_eq!(leader_gauge(port).await, Some(1.0));
+    let peer = Client::connect([b.endpoint()], None).await.unwrap();
+    let deletes = support::etcd::count_peer_deletes(&peer, "a").await;
 
     proxy.set_blackhole(true);
     let cut = std::time::Instant::now();
-    // The lease lasts 8 s from its last renewal: the leader must stop before then.
-    wait_until("the cut-off leader stands down", Duration::from_secs(8), || async {
-        Ok(leader_gauge(port).await == Some(0.0))
-    })
-    .await
-    .unwrap();
-    eprintln!("the cut-off leader stood down {:?} after the cut", cut.elapsed());
-    // Its workers stopped: the mirror is no longer kept alive from here (it lapses on b).
-    wait_until("the mirror lapses once nobody leads", WAIT, || async { Ok(mirrored(&b, "a").await == 0) })
-        .await
-        .unwrap();
+    // Three TTLs (6 s) without the API server: the copy stays whole at every read, and new
+    // endpoints still reach the peer. The lease lasts 8 s from its last renewal: the controllers
+    // stop before then (the leader gauge drops), the workers do not (the headless gauge rises).
+    let mut headless_after = None;
+    let mut origin = Client::connect([a.endpoint()], None).await.unwrap();
+    let (mut expected, mut reads) = (10, 0);
+    while cut.elapsed() < Duration::from_secs(18) {
+        let seen = mirrored(&b, "a").await;
+        assert!(seen >= expected, "{} of a's {expected} keys on b without the API server", seen);
+        reads += 1;
+        if headless_after.is_none()
+            && leader_gauge(port).await == Some(0.0)
+            && gauge(port, "aether_federation_leader_headless").await == Some(1.0)
+        {
+            headless_after = Some(cut.elapsed());
+        }
+        if expected == 10 && cut.elapsed() > Duration::from_secs(10) {
+            let key = format!("{}clusters/c1/services/late/protocols/tcp/endpoints/10.9.0.1", keys::region_prefix("a"));
+            origin.put(key, "{}", None).await.unwrap();
+            expected = 11;
+            wait_until("written without the API server, mirrored", WAIT, || async {
+                Ok(mirrored(&b, "a").await == 11)
+            })
+            .await
+            .unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(reads > 20, "{reads} reads");
+    let headless_after = headless_after.expect("the leader never said it went headless");
+    assert!(headless_after < Duration::from_secs(8), "headless only {headless_after:?} after the cut");
+    assert_eq!(deletes.load(std::sync::atomic::Ordering::SeqCst), 0, "keys of a were deleted on b");
 
-    // The API server is back: the same instance leads again and the mirror returns.
+    // The API server is back: the same instance leads again, over the same worker (no resync,
+    // the same session's counters), and status catches up.
     proxy.set_blackhole(false);
     proxy.reset_connections();
     wait_until("it leads again", WAIT, || async { Ok(leader_gauge(port).await == Some(1.0)) }).await.unwrap();
-    wait_until("the mirror is back", WAIT, || async { Ok(mirrored(&b, "a").await == 10) }).await.unwrap();
+    assert_eq!(gauge(port, "aether_federation_leader_headless").await, Some(0.0));
+    let back = std::time::SystemTime::now() - Duration::from_secs(1);
+    wait_until("status written again", WAIT, || {
+        let api = api.clone();
+        async move {
+            let refreshed = api.get("a").await?.status.and_then(|s| s.refreshed_time);
+            Ok(refreshed.is_some_and(|t| std::time::SystemTime::from(t.0) >= back))
+        }
+    })
+    .await
+    .unwrap();
+    let rp = wait_condition(&api, "a", "Ready", "True", None).await;
+    let status = rp.status.unwrap();
+    let b_status = status.peers.iter().find(|p| p.region == "b").unwrap();
+    assert_eq!((b_status.replication.keys, b_status.replication.resyncs), (11, 0), "{b_status:?}");
+    assert_eq!(mirrored(&b, "a").await, 11);
 }
 
 #[tokio::test]

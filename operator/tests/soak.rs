@@ -338,3 +338,86 @@ async fn a_connection_to_an_etcd_left_quiet_for_a_minute_stays_open() {
     assert!(now.contains(&ours[0]), "the etcd closed the quiet connection {ours:?}; open now: {now:?}");
     client.get("k", None).await.expect("a call after the quiet minute");
 }
+
+/// The granted TTL of each lease the peer's checkpoint for region a records.
+async fn recorded_granted_ttls(p: &mut etcd_client::Client) -> Vec<i64> {
+    let leases = checkpoint(p, "a").await.map(|c| c.leases).unwrap_or_default();
+    let mut ttls = Vec::new();
+    for lease in leases {
+        ttls.push(p.lease_time_to_live(lease, None).await.map_or(-1, |r| r.granted_ttl()));
+    }
+    ttls
+}
+
+/// Waits until every lease the checkpoint records was granted with `ttl` seconds.
+async fn wait_recorded_ttl(p: &etcd_client::Client, ttl: i64, handle: &aether_operator::mirror::MirrorHandle) {
+    aether_harness::wait_until(&format!("the copy on leases of {ttl} s"), Duration::from_secs(120), || {
+        let mut p = p.clone();
+        async move {
+            let ttls = recorded_granted_ttls(&mut p).await;
+            Ok(!ttls.is_empty() && ttls.iter().all(|t| *t == ttl))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}; health: {:?}", handle.health()));
+}
+
+#[tokio::test]
+#[ignore = "soak: minutes at the CRD defaults; `make test` runs it beside the other suites (hack/test.sh)"]
+async fn at_the_defaults_a_ttl_change_moves_the_copy_onto_leases_of_the_new_ttl_with_no_key_missing() {
+    let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("b")).unwrap();
+    let mut o = connect(&[origin.endpoint()], None).await;
+    write_keys(&mut o, "a", 0..2_000, "v1").await;
+    let mut p = connect(&[peer.endpoint()], None).await;
+    let proxy = FaultProxy::start(peer.client_addr()).await.unwrap();
+    let (handle, _e) =
+        start(defaults("w1"), EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([proxy.endpoint("http")]));
+    wait_synced(&handle).await;
+    assert_eq!(recorded_granted_ttls(&mut p).await.iter().max(), Some(&30));
+    let deletes = count_peer_deletes(&p, "a").await;
+
+    // Raised to 60 s (keepalive 20 s): the successor adopts the 30 s leases, renews them by their
+    // own TTL, and moves the copy onto 60 s leases.
+    handle.shutdown().await;
+    let mut raised = defaults("w2");
+    (raised.lease_ttl_seconds, raised.keepalive_interval) = (60, Duration::from_secs(20));
+    raised.acceptable_pause = Duration::from_secs(40);
+    let (handle, _e) =
+        start(raised, EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([proxy.endpoint("http")]));
+    wait_recorded_ttl(&p, 60, &handle).await;
+    wait_health(&handle, "watching on the new leases, status by their TTL", |h| {
+        h.synced && h.phase == Phase::Watching && h.lease_ttl_reported == Some(60)
+    })
+    .await;
+    assert_eq!(handle.health().keys, 2_000);
+    // A 35 s partition: inside the new TTL, outside the old one.
+    partition_after_rounds(&handle, &proxy, Duration::from_secs(35), 1).await;
+    converged(&o, &p, "a", DEADLINE).await;
+    assert_eq!(deletes.load(Ordering::SeqCst), 0, "keys lapsed after the TTL was raised");
+
+    // Lowered to 12 s (keepalive 4 s): the copy moves onto 12 s leases, and a region that dies
+    // lapses within 12 s, not the 60 s of the leases it had.
+    handle.shutdown().await;
+    let mut lowered = defaults("w3");
+    (lowered.lease_ttl_seconds, lowered.keepalive_interval) = (12, Duration::from_secs(4));
+    lowered.acceptable_pause = Duration::from_secs(8);
+    let (handle, _e) = start(lowered, EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([peer.endpoint()]));
+    wait_recorded_ttl(&p, 12, &handle).await;
+    wait_health(&handle, "watching on the 12 s leases", |h| h.synced && h.phase == Phase::Watching).await;
+    assert_eq!(deletes.load(Ordering::SeqCst), 0, "keys lapsed while the TTL was lowered");
+    // The old 60 s leases hold nothing any more.
+    let mut old_holding = 0;
+    for (_, (_, lease)) in subtree(&mut p, &aether_operator::keys::region_prefix("a")).await {
+        old_holding += usize::from(p.lease_time_to_live(lease, None).await.map_or(0, |r| r.granted_ttl()) != 12);
+    }
+    assert_eq!(old_holding, 0, "keys still on leases of another TTL");
+    handle.abort();
+    let died = Instant::now();
+    aether_harness::wait_until("the dead region's copy lapses", Duration::from_secs(60), || {
+        let mut p = p.clone();
+        async move { Ok(subtree(&mut p, &aether_operator::keys::region_prefix("a")).await.is_empty()) }
+    })
+    .await
+    .unwrap();
+    assert!(died.elapsed() < Duration::from_secs(16), "lapsed {:?} after the region died (TTL 12 s)", died.elapsed());
+}

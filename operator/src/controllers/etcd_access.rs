@@ -70,6 +70,75 @@ impl AccessError {
 pub struct Access {
     pub target: EtcdTarget,
     pub fingerprint: u64,
+    /// What it is made of, as a person names it (never the Secret's material).
+    pub described: Described,
+}
+
+/// A connection as a person names it: its endpoints, and its Secret with a hash of each key it
+/// supplied, so that a change can say which keys changed without showing them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Described {
+    pub endpoints: Vec<String>,
+    pub secret: Option<String>,
+    pub secret_keys: std::collections::BTreeMap<&'static str, u64>,
+}
+
+impl Described {
+    /// What differs from `other`, as "field: old -> new" lines; `field` is the spec path of the
+    /// connection (`spec.localEtcd`, `spec.peers[b]`).
+    pub fn changes_from(&self, other: &Described, field: &str) -> Vec<String> {
+        let mut changes = Vec::new();
+        if self.endpoints != other.endpoints {
+            changes.push(format!("{field}.endpoints: {:?} -> {:?}", other.endpoints, self.endpoints));
+        }
+        if self.secret != other.secret {
+            let name = |s: &Option<String>| s.clone().unwrap_or_else(|| "none".into());
+            changes.push(format!("{field}.tls.secretRef: {} -> {}", name(&other.secret), name(&self.secret)));
+        } else if self.secret_keys != other.secret_keys {
+            let keys: Vec<&str> = self
+                .secret_keys
+                .keys()
+                .chain(other.secret_keys.keys())
+                .filter(|k| self.secret_keys.get(*k) != other.secret_keys.get(*k))
+                .copied()
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            changes.push(format!(
+                "Secret {} ({field}.tls.secretRef): {} changed",
+                name_or_none(&self.secret),
+                keys.join(", ")
+            ));
+        }
+        changes
+    }
+
+    /// How to put this connection back, for a change refused.
+    pub fn undo(&self, other: &Described, field: &str) -> Vec<String> {
+        let mut undo = Vec::new();
+        if self.endpoints != other.endpoints {
+            undo.push(format!("set {field}.endpoints back to {:?}", self.endpoints));
+        }
+        if self.secret != other.secret {
+            undo.push(format!("set {field}.tls.secretRef back to {}", name_or_none(&self.secret)));
+        } else if self.secret_keys != other.secret_keys {
+            undo.push(format!(
+                "restore Secret {}'s previous contents (the running worker still uses them)",
+                name_or_none(&self.secret)
+            ));
+        }
+        undo
+    }
+}
+
+fn name_or_none(secret: &Option<String>) -> String {
+    secret.clone().unwrap_or_else(|| "none".into())
+}
+
+fn hash_of(bytes: &[u8]) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    bytes.hash(&mut h);
+    h.finish()
 }
 
 /// Builds the target for a connection. `secret` is the referenced Secret as read (None when the
@@ -82,19 +151,29 @@ pub fn access(connection: &EtcdConnection, secret: Option<&Secret>) -> Result<Ac
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     connection.endpoints.hash(&mut hasher);
     let mut target = EtcdTarget::plain(connection.endpoints.clone());
+    let mut described = Described { endpoints: connection.endpoints.clone(), ..Described::default() };
 
     if let Some(tls) = &connection.tls {
         let name = tls.secret_ref.name.clone();
         let secret = secret.ok_or_else(|| AccessError::SecretMissing { secret: name.clone() })?;
         let namespace = secret.metadata.namespace.as_deref().map(|ns| format!("{ns}/")).unwrap_or_default();
         target = target.with_credentials_from(format!("Secret {namespace}{name}"));
-        let get = |key: &'static str| -> Option<Vec<u8>> {
+        described.secret = Some(format!("{namespace}{name}"));
+        let read = |key: &'static str| -> Option<Vec<u8>> {
             secret
                 .data
                 .as_ref()
                 .and_then(|d| d.get(key))
                 .map(|b| b.0.clone())
                 .or_else(|| secret.string_data.as_ref().and_then(|d| d.get(key)).map(|s| s.clone().into_bytes()))
+        };
+        let keys = std::cell::RefCell::new(std::collections::BTreeMap::new());
+        let get = |key: &'static str| -> Option<Vec<u8>> {
+            let value = read(key);
+            if let Some(v) = &value {
+                keys.borrow_mut().insert(key, hash_of(v));
+            }
+            value
         };
         let pem = |key: &'static str, bytes: Vec<u8>| -> Result<Vec<u8>, AccessError> {
             if String::from_utf8_lossy(&bytes).contains("-----BEGIN ") {
@@ -133,8 +212,9 @@ pub fn access(connection: &EtcdConnection, secret: Option<&Secret>) -> Result<Ac
             (None, Some(_)) => return Err(AccessError::Unpaired { secret: name, key: "password", pair: "username" }),
             (None, None) => {}
         }
+        described.secret_keys = keys.into_inner();
     }
-    Ok(Access { target, fingerprint: hasher.finish() })
+    Ok(Access { target, fingerprint: hasher.finish(), described })
 }
 
 #[cfg(test)]
@@ -191,6 +271,31 @@ mod tests {
             plain.target.tls.is_none() && plain.target.user.is_none(),
             "plain http only where the endpoint says so, and then no TLS"
         );
+    }
+
+    #[test]
+    fn a_change_names_the_field_both_sides_and_how_to_undo_it() {
+        let c = conn(&["https://e:2379"], Some("creds"));
+        let old = access(&c, Some(&secret(&[("ca.crt", PEM), ("username", "u"), ("password", "p")]))).unwrap();
+        let rotated = secret(&[("ca.crt", &PEM.replace("MIIB", "MIIC")), ("username", "u"), ("password", "p")]);
+        let new = access(&c, Some(&rotated)).unwrap();
+        assert_eq!(
+            new.described.changes_from(&old.described, "spec.peers[b]"),
+            vec!["Secret creds (spec.peers[b].tls.secretRef): ca.crt changed".to_string()]
+        );
+        assert_eq!(
+            old.described.undo(&new.described, "spec.peers[b]"),
+            vec!["restore Secret creds's previous contents (the running worker still uses them)".to_string()]
+        );
+        let moved = access(&conn(&["https://f:2379/"], Some("creds")), Some(&rotated)).unwrap();
+        let changes = moved.described.changes_from(&new.described, "spec.peers[b]");
+        assert_eq!(changes, vec![r#"spec.peers[b].endpoints: ["https://e:2379"] -> ["https://f:2379/"]"#.to_string()]);
+        assert_eq!(
+            new.described.undo(&moved.described, "spec.peers[b]"),
+            vec![r#"set spec.peers[b].endpoints back to ["https://e:2379"]"#.to_string()]
+        );
+        // Nothing of the material shows.
+        assert!(!format!("{:?}", new.described).contains("MIIC"));
     }
 
     #[test]

@@ -7,6 +7,8 @@
 //! - [`status`]: conditions and status from the workers' health (pure).
 //! - [`registry_schema`]: runs each RegistrySchema's drain and reports its progress.
 //! - [`schema_status`]: a RegistrySchema's phase and conditions from the drain's report (pure).
+//! - [`trials`]: each peer's configuration tried beside its running worker before it replaces
+//!   it (verify, then switch).
 //! - [`etcd_access`]: connection + Secret -> something to dial (pure).
 //! - [`leader`]: one leader per region, on a coordination.k8s.io Lease.
 
@@ -17,3 +19,4 @@ pub mod region_peering;
 pub mod registry_schema;
 pub mod schema_status;
 pub mod status;
+pub mod trials;

@@ -6,6 +6,33 @@ use std::collections::BTreeMap;
 /// A configuration problem as status and events show it: (reason, message).
 pub type Problem = (String, String);
 
+/// Where the trial of a peer's configuration (the one the spec asks for now) stands: a worker
+/// runs on a configuration only once a trial verified it (`mirror::trial`). A peer whose running
+/// worker already has that configuration needs none.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Trial {
+    /// None of this configuration yet (or the last one is old enough to try again).
+    #[default]
+    Untried,
+    Running,
+    Verified,
+    /// The configuration cannot be right: (reason, message).
+    Refused(Problem),
+    /// Nothing answered: not known yet.
+    Unverified(Problem),
+}
+
+/// A change of a running peer's configuration that waits or was refused: the worker keeps
+/// running on the configuration it has.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeldChange {
+    pub peer: String,
+    /// Refused (true), or waiting for a trial that could not finish (false).
+    pub refused: bool,
+    /// Why: (reason, message).
+    pub why: Problem,
+}
+
 /// What a reconcile read, as the decision needs it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Facts {
@@ -19,11 +46,20 @@ pub struct Facts {
     pub peers: Vec<(String, Result<u64, Problem>)>,
     /// The workers running now (and alive), with their fingerprints.
     pub running: BTreeMap<String, u64>,
+    /// The trial of each peer's configuration as the spec asks for it now.
+    pub trials: BTreeMap<String, Trial>,
 }
 
 impl Default for Facts {
     fn default() -> Self {
-        Facts { suspend: false, conflict: None, local: Ok(()), peers: Vec::new(), running: BTreeMap::new() }
+        Facts {
+            suspend: false,
+            conflict: None,
+            local: Ok(()),
+            peers: Vec::new(),
+            running: BTreeMap::new(),
+            trials: BTreeMap::new(),
+        }
     }
 }
 
@@ -36,11 +72,19 @@ pub struct Decision {
     pub config_errors: Vec<Problem>,
     /// Warnings to publish once: the conflict and the configuration problems.
     pub warnings: Vec<Problem>,
+    /// Peers whose configuration is to be tried now.
+    pub trials: Vec<String>,
+    /// Changes of running peers that wait for their trial or were refused.
+    pub held: Vec<HeldChange>,
 }
 
 /// Decides which workers run. Nothing runs while the object is suspended or conflicts with an
 /// older claim. A peer whose connection cannot be resolved (a Secret being rotated, say) keeps its
-/// worker as it runs: only a worker whose configuration is known changes.
+/// worker as it runs: only a worker whose configuration is known changes. Verify, then switch: a
+/// running worker is replaced only once a trial verified the new configuration; until then, or
+/// when it is refused, the worker keeps running on the configuration it has. A new peer starts
+/// once its trial verified it, or could not finish (an unreachable peer starts, and says so as it
+/// runs); a refused one does not start.
 pub fn decide(facts: &Facts) -> Decision {
     let mut decision = Decision::default();
     if let Some(message) = &facts.conflict {
@@ -54,9 +98,7 @@ pub fn decide(facts: &Facts) -> Decision {
             Ok(()) => {
                 for (peer, resolved) in &facts.peers {
                     match resolved {
-                        Ok(fingerprint) => {
-                            desired.insert(peer.clone(), *fingerprint);
-                        }
+                        Ok(fingerprint) => decide_peer(facts, peer, *fingerprint, &mut desired, &mut decision),
                         Err((reason, message)) => {
                             decision.config_errors.push((reason.clone(), format!("peer {peer}: {message}")))
                         }
@@ -73,6 +115,49 @@ pub fn decide(facts: &Facts) -> Decision {
     decision.warnings.extend(decision.config_errors.iter().cloned());
     decision.changes = worker_changes(&desired, &facts.running);
     decision
+}
+
+/// One resolved peer: which configuration its worker runs on, whether a trial is due, and what is
+/// held.
+fn decide_peer(facts: &Facts, peer: &str, fingerprint: u64, desired: &mut BTreeMap<String, u64>, d: &mut Decision) {
+    let trial = facts.trials.get(peer).cloned().unwrap_or_default();
+    match facts.running.get(peer) {
+        Some(current) if *current == fingerprint => {
+            desired.insert(peer.to_string(), fingerprint);
+        }
+        Some(current) => {
+            let held = |refused, why: &Problem| HeldChange { peer: peer.to_string(), refused, why: why.clone() };
+            match &trial {
+                Trial::Verified => {
+                    desired.insert(peer.to_string(), fingerprint);
+                }
+                Trial::Refused(why) => {
+                    desired.insert(peer.to_string(), *current);
+                    d.held.push(held(true, why));
+                }
+                Trial::Unverified(why) => {
+                    desired.insert(peer.to_string(), *current);
+                    d.held.push(held(false, why));
+                }
+                Trial::Untried | Trial::Running => {
+                    desired.insert(peer.to_string(), *current);
+                    if trial == Trial::Untried {
+                        d.trials.push(peer.to_string());
+                    }
+                }
+            }
+        }
+        None => match &trial {
+            Trial::Verified | Trial::Unverified(_) => {
+                desired.insert(peer.to_string(), fingerprint);
+            }
+            Trial::Refused((reason, message)) => {
+                d.config_errors.push((reason.clone(), format!("peer {peer}: {message}")))
+            }
+            Trial::Untried => d.trials.push(peer.to_string()),
+            Trial::Running => {}
+        },
+    }
 }
 
 /// What to do with one peer's worker.
@@ -197,15 +282,68 @@ mod tests {
 
     #[test]
     fn every_resolved_peer_runs_a_worker_and_changed_ones_restart() {
-        let d = decide(&facts(&[("b", Ok(1)), ("c", Ok(7))], &[("b", 1), ("c", 2), ("gone", 3)]));
+        let all = facts(&[("b", Ok(1)), ("c", Ok(7))], &[("b", 1), ("c", 2), ("gone", 3)]);
+        let d = decide(&tried(all, &[("c", Trial::Verified)]));
         assert_eq!(
             d.changes,
             vec![WorkerChange::Restart("c".into()), WorkerChange::Stop("gone".into())],
-            "c's configuration changed; gone left the spec"
+            "c's configuration changed and verified; gone left the spec"
         );
         assert!(d.config_errors.is_empty() && d.warnings.is_empty());
-        let d = decide(&facts(&[("b", Ok(1))], &[]));
+        let d = decide(&tried(facts(&[("b", Ok(1))], &[]), &[("b", Trial::Verified)]));
         assert_eq!(d.changes, vec![WorkerChange::Start("b".into())]);
+    }
+
+    fn tried(facts: Facts, trials: &[(&str, Trial)]) -> Facts {
+        Facts { trials: trials.iter().map(|(p, t)| (p.to_string(), t.clone())).collect(), ..facts }
+    }
+
+    #[test]
+    fn a_changed_peer_keeps_its_worker_until_a_trial_verified_the_change() {
+        let changed = facts(&[("b", Ok(2))], &[("b", 1)]);
+        // Not tried yet: tried now, and the worker runs on as it is.
+        let d = decide(&changed);
+        assert_eq!((d.changes.clone(), d.trials.clone()), (vec![], vec!["b".to_string()]));
+        assert!(d.held.is_empty());
+        assert!(decide(&tried(changed.clone(), &[("b", Trial::Running)])).changes.is_empty());
+        // Verified: switched.
+        let d = decide(&tried(changed.clone(), &[("b", Trial::Verified)]));
+        assert_eq!(d.changes, vec![WorkerChange::Restart("b".into())]);
+        // Refused: the worker keeps running, and the refusal is held.
+        let why = ("DuplicatePeer".to_string(), "peers b and c are one etcd".to_string());
+        let d = decide(&tried(changed.clone(), &[("b", Trial::Refused(why.clone()))]));
+        assert!(d.changes.is_empty(), "{:?}", d.changes);
+        assert_eq!(d.held, vec![HeldChange { peer: "b".into(), refused: true, why: why.clone() }]);
+        assert!(d.config_errors.is_empty(), "the running configuration is fine");
+        // Not known (the new endpoints do not answer): the worker keeps running, nothing is warned.
+        let silent = ("Unreachable".to_string(), "no answer".to_string());
+        let d = decide(&tried(changed, &[("b", Trial::Unverified(silent.clone()))]));
+        assert!(d.changes.is_empty() && d.warnings.is_empty());
+        assert_eq!(d.held, vec![HeldChange { peer: "b".into(), refused: false, why: silent }]);
+    }
+
+    #[test]
+    fn a_new_peer_starts_once_tried_unless_refused_and_a_removed_one_stops_at_once() {
+        let new = facts(&[("b", Ok(1))], &[]);
+        assert_eq!(decide(&new).trials, vec!["b".to_string()]);
+        assert!(decide(&new).changes.is_empty(), "nothing starts untried");
+        assert_eq!(
+            decide(&tried(new.clone(), &[("b", Trial::Verified)])).changes,
+            vec![WorkerChange::Start("b".into())]
+        );
+        let silent = ("Unreachable".to_string(), "no answer".to_string());
+        assert_eq!(
+            decide(&tried(new.clone(), &[("b", Trial::Unverified(silent))])).changes,
+            vec![WorkerChange::Start("b".into())],
+            "an unreachable peer starts, and says so as it runs"
+        );
+        let why = ("LocalEtcdHoldsCopy".to_string(), "a peer's etcd".to_string());
+        let d = decide(&tried(new, &[("b", Trial::Refused(why))]));
+        assert!(d.changes.is_empty());
+        assert_eq!(d.config_errors, vec![("LocalEtcdHoldsCopy".into(), "peer b: a peer's etcd".into())]);
+        // Removing a peer needs no trial.
+        let d = decide(&facts(&[], &[("b", 1)]));
+        assert_eq!(d.changes, vec![WorkerChange::Stop("b".into())]);
     }
 
     #[test]

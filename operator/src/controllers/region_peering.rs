@@ -3,6 +3,7 @@
 use super::etcd_access::{Access, AccessError, SecretRead, access};
 use super::plan::{self, Claim, WorkerChange, conflict};
 use super::status::{self, Observation, STATUS_HEARTBEAT};
+use super::trials::{Applied, Trials, explain, trial_config};
 use crate::api::{EtcdConnection, RegionPeering, RegionPeeringSpec};
 use crate::metrics::Metrics;
 use crate::mirror::{self, MirrorConfig, MirrorEvent, MirrorHandle, inbound};
@@ -37,6 +38,8 @@ pub struct ControllerSettings {
 
 struct Running {
     fingerprint: u64,
+    /// The configuration it runs on, as a person names it.
+    applied: Applied,
     handle: MirrorHandle,
     events: tokio::task::JoinHandle<()>,
 }
@@ -62,6 +65,8 @@ pub struct Context {
     cluster_ids: Mutex<HashMap<String, u64>>,
     /// What each object's workers share.
     budgets: Mutex<HashMap<String, Shares>>,
+    /// Each peer's configuration tried before a worker runs on it.
+    trials: Trials,
     /// Warnings published lately: (object, reason, note) -> when.
     warned: Mutex<HashMap<(String, String, String), Instant>>,
 }
@@ -83,7 +88,23 @@ impl Context {
             warned: Mutex::new(HashMap::new()),
             cluster_ids: Mutex::new(HashMap::new()),
             budgets: Mutex::new(HashMap::new()),
+            trials: Trials::default(),
         })
+    }
+
+    /// A new term of the controllers begins: the stores of the last one are gone, and the
+    /// leadership is announced again. The workers (and what the context knows of them) stay.
+    pub fn new_term(&self) {
+        self.stores.lock().expect("store lock").clear();
+        self.announced.lock().expect("lock").clear();
+    }
+
+    /// Whether every watched namespace has been listed: before that, an object not seen yet is
+    /// not an object that is gone, nor a claim that does not exist.
+    fn stores_ready(&self) -> bool {
+        use futures::FutureExt;
+        let stores = self.stores.lock().expect("store lock").clone();
+        !stores.is_empty() && stores.iter().all(|s| s.wait_until_ready().now_or_never().is_some_and(|r| r.is_ok()))
     }
 
     /// Stops every worker (leadership lost, or shutdown). Nothing is revoked: the mirrors stay on
@@ -201,6 +222,7 @@ async fn cleanup(rp: Arc<RegionPeering>, ctx: Arc<Context>) -> Result<Action, Er
         ctx.stop_worker(&key, &peer, running).await;
     }
     ctx.locals.lock().await.remove(&key);
+    ctx.trials.forget_object(&key);
     ctx.announced.lock().expect("lock").remove(&key);
     ctx.patched.lock().expect("lock").remove(&key);
     ctx.failures.lock().expect("lock").remove(&key);
@@ -256,12 +278,18 @@ const RETIRE_TIMEOUT: Duration = Duration::from_secs(15);
 /// reads only what the one before it produced.
 async fn apply(rp: Arc<RegionPeering>, ctx: Arc<Context>) -> Result<Action, Error> {
     let key = object_key(&rp);
+    if !ctx.stores_ready() {
+        // Another namespace's objects (claims on this region) are not listed yet.
+        return Ok(Action::requeue(Duration::from_millis(500)));
+    }
     sweep_deleted(&ctx).await;
     announce_leadership(&ctx, &rp, &key).await;
     let read = read(&ctx, &rp, &key).await;
     let decision = plan::decide(&read.facts);
-    act(&ctx, &rp, &key, &decision, read.peers).await;
-    report(&ctx, &rp, &key, &read.local, read.facts.conflict, decision.config_errors).await?;
+    let held = explain_held(&ctx, &rp.spec, &key, &decision.held, &read.peers);
+    act(&ctx, &rp, &key, &decision, &held, read.peers).await;
+    let problems = Problems { conflict: read.facts.conflict, config_errors: decision.config_errors, held };
+    report(&ctx, &rp, &key, &read.local, problems).await?;
     ctx.failures.lock().expect("lock").remove(&key);
     Ok(Action::requeue(ctx.settings.refresh_interval))
 }
@@ -340,30 +368,90 @@ async fn read(ctx: &Context, rp: &RegionPeering, key: &str) -> Read {
         });
         workers.iter().map(|(peer, r)| (peer.clone(), r.fingerprint)).collect()
     };
+    let trials = peers.iter().map(|(peer, (fingerprint, local, remote))| {
+        let tried = ctx.trials.state(key, peer, *fingerprint);
+        // A refusal, or "not known", old enough is tried again beside what it says now.
+        if ctx.trials.due_again(key, peer, *fingerprint) {
+            start_trial(ctx, rp, key, peer, *fingerprint, local, remote);
+        }
+        (peer.clone(), tried)
+    });
     let facts = plan::Facts {
         suspend: spec.suspend,
         conflict: conflict(&claim(ctx, rp), &claims),
         local: local.as_ref().map(|_| ()).map_err(problem),
         peers: peer_facts,
+        trials: trials.collect(),
         running,
     };
     Read { facts, local, peers }
+}
+
+/// Tries a peer's configuration beside its running worker (if any).
+fn start_trial(
+    ctx: &Context,
+    rp: &RegionPeering,
+    key: &str,
+    peer: &str,
+    fingerprint: u64,
+    local: &Access,
+    remote: &Access,
+) {
+    let mut config = mirror_config(&rp.spec, peer, &ctx.settings.identity, shares(ctx, key, &rp.spec));
+    config.object = Some(owning_object(ctx, rp));
+    info!(object = key, peer, "trying the peer's configuration before a worker runs on it");
+    ctx.trials.start(key, fingerprint, trial_config(config), local.target.clone(), remote.target.clone());
+}
+
+/// The held changes, each with the fields that changed (both sides) and how to undo it.
+fn explain_held(
+    ctx: &Context,
+    spec: &RegionPeeringSpec,
+    key: &str,
+    held: &[plan::HeldChange],
+    accesses: &BTreeMap<String, (u64, Access, Access)>,
+) -> Vec<plan::HeldChange> {
+    let workers = ctx.workers.lock().expect("workers lock");
+    held.iter()
+        .map(|h| {
+            let running = workers.get(key).and_then(|w| w.get(&h.peer)).map(|r| r.applied.clone()).unwrap_or_default();
+            let asked = accesses
+                .get(&h.peer)
+                .map(|(_, local, remote)| Applied::of(spec, &local.described, &remote.described))
+                .unwrap_or_default();
+            explain(h, &running, &asked)
+        })
+        .collect()
 }
 
 fn problem(error: &AccessError) -> plan::Problem {
     (error.reason().to_string(), error.to_string())
 }
 
-/// Publishes the decision's warnings (each once) and starts, restarts and stops workers.
+/// Publishes the decision's warnings and refused changes (each once), tries configurations, and
+/// starts, restarts and stops workers.
 async fn act(
     ctx: &Arc<Context>,
     rp: &RegionPeering,
     key: &str,
     decision: &plan::Decision,
+    held: &[plan::HeldChange],
     mut accesses: BTreeMap<String, (u64, Access, Access)>,
 ) {
     for (reason, message) in &decision.warnings {
         publish_once(ctx, rp, reason, message.clone()).await;
+    }
+    for refused in held.iter().filter(|h| h.refused) {
+        publish_once(ctx, rp, &refused.why.0, format!("peer {}: {}", refused.peer, refused.why.1)).await;
+    }
+    for peer in &decision.trials {
+        if let Some((fingerprint, local, remote)) = accesses.get(peer) {
+            start_trial(ctx, rp, key, peer, *fingerprint, local, remote);
+        }
+    }
+    // A peer no longer in the spec has no trial to finish.
+    for peer in rp.spec.peers.iter().map(|p| &p.region).filter(|p| !accesses.contains_key(*p)) {
+        ctx.trials.forget(key, peer);
     }
     for change in &decision.changes {
         let peer = match change {
@@ -375,6 +463,7 @@ async fn act(
                 ctx.stop_worker(key, peer, old).await;
             }
         }
+        ctx.trials.forget(key, peer);
         if !matches!(change, WorkerChange::Stop(_))
             && let Some((fingerprint, local, remote)) = accesses.remove(peer)
         {
@@ -390,9 +479,9 @@ async fn report(
     rp: &RegionPeering,
     key: &str,
     local: &Result<Access, AccessError>,
-    conflict: Option<String>,
-    config_errors: Vec<plan::Problem>,
+    problems: Problems,
 ) -> Result<(), Error> {
+    let Problems { conflict, config_errors, held } = problems;
     let spec = &rp.spec;
     let now = SystemTime::now();
     let peers: Vec<mirror::PeerHealth> = ctx
@@ -417,6 +506,7 @@ async fn report(
         inbound,
         conflict,
         config_errors,
+        held,
         leader: Some(ctx.settings.identity.clone()),
         leader_lease: Some(ctx.settings.leader_lease.clone()),
         now,
@@ -439,6 +529,13 @@ async fn report(
     ctx.patched.lock().expect("lock").insert(key.to_string(), Instant::now());
     ctx.metrics.status_patched(&spec.region);
     Ok(())
+}
+
+/// What keeps the spec from running as it says, for status.
+struct Problems {
+    conflict: Option<String>,
+    config_errors: Vec<plan::Problem>,
+    held: Vec<plan::HeldChange>,
 }
 
 /// The field manager of everything this operator writes.
@@ -558,6 +655,7 @@ fn start_worker(
     let mut config = mirror_config(&rp.spec, peer, &owner, shares(ctx, key, &rp.spec));
     config.object = Some(owning_object(ctx, rp));
     let (tx, mut rx) = tokio::sync::mpsc::channel::<MirrorEvent>(256);
+    let applied = Applied::of(&rp.spec, &local.described, &remote.described);
     let handle = mirror::spawn(config, local.target, remote.target, tx);
     let reference = rp.object_ref(&());
     let (ctx2, region, peer_name) = (ctx.clone(), rp.spec.region.clone(), peer.to_string());
@@ -580,7 +678,7 @@ fn start_worker(
         .expect("workers lock")
         .entry(key.to_string())
         .or_default()
-        .insert(peer.to_string(), Running { fingerprint, handle, events });
+        .insert(peer.to_string(), Running { fingerprint, applied, handle, events });
 }
 
 /// A mirror event as a Kubernetes Event: type, reason and a note naming region and peer.
@@ -712,10 +810,10 @@ async fn local_cluster_id(ctx: &Context, key: &str, local: &Access) -> Option<u6
 
 /// Stops the workers of objects that no longer exist (deleted objects are not reconciled).
 async fn sweep_deleted(ctx: &Arc<Context>) {
-    let stores = ctx.stores.lock().expect("store lock").clone();
-    if stores.is_empty() {
+    if !ctx.stores_ready() {
         return;
     }
+    let stores = ctx.stores.lock().expect("store lock").clone();
     let gone: Vec<String> = ctx
         .workers
         .lock()
@@ -734,6 +832,7 @@ async fn sweep_deleted(ctx: &Arc<Context>) {
             ctx.stop_worker(&key, &peer, running).await;
         }
         ctx.locals.lock().await.remove(&key);
+        ctx.trials.forget_object(&key);
         ctx.announced.lock().expect("lock").remove(&key);
         ctx.cluster_ids.lock().expect("lock").remove(&key);
         ctx.budgets.lock().expect("lock").remove(&key);

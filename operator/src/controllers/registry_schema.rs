@@ -59,6 +59,11 @@ impl Context {
         stores.iter().flat_map(|s| s.state()).map(|rs| claim(&rs)).collect()
     }
 
+    /// A new term of the controllers begins: the stores of the last one are gone.
+    pub fn new_term(&self) {
+        self.stores.lock().expect("store lock").clear();
+    }
+
     /// Stops every drain; each resumes where it stands under the next leader.
     pub async fn stop_all(&self) {
         for (_, d) in self.drains.lock().expect("drains lock").drain() {

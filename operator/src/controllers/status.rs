@@ -18,6 +18,7 @@ pub const CONFLICT: &str = "Conflict";
 pub const SUSPENDED: &str = "Suspended";
 pub const DRIFT_DETECTED: &str = "DriftDetected";
 pub const VALUES_TOO_LARGE: &str = "ValuesTooLarge";
+pub const CHANGE_REFUSED: &str = "ChangeRefused";
 
 /// Everything the status is computed from.
 pub struct Observation<'a> {
@@ -30,6 +31,9 @@ pub struct Observation<'a> {
     pub conflict: Option<String>,
     /// Configuration problems (a Secret, endpoints): (reason, message).
     pub config_errors: Vec<(String, String)>,
+    /// Changes of running peers' configurations that were refused or wait for their trial; the
+    /// message names the fields, both sides and how to undo it.
+    pub held: Vec<crate::controllers::plan::HeldChange>,
     pub leader: Option<String>,
     pub leader_lease: Option<String>,
     pub now: SystemTime,
@@ -96,6 +100,7 @@ pub fn compute(previous: Option<&RegionPeeringStatus>, obs: &Observation) -> Reg
         (KEEPALIVE_DEGRADED, keepalive_degraded(&facts)),
         (DRIFT_DETECTED, drift_detected(&facts)),
         (VALUES_TOO_LARGE, values_too_large(&facts)),
+        (CHANGE_REFUSED, change_refused(&facts)),
     ];
     if let Some(conflict) = &obs.conflict {
         verdicts.push((CONFLICT, verdict(true, "RegionClaimed", conflict.clone())));
@@ -159,6 +164,9 @@ fn ready(f: &Facts) -> Verdict {
     }
     if let Some((reason, message)) = obs.config_errors.first() {
         return verdict(false, reason, message.clone());
+    }
+    if let Some(held) = obs.held.iter().find(|h| h.refused) {
+        return verdict(false, &held.why.0, format!("a spec change was refused: {}", held.why.1));
     }
     if spec.peers.is_empty() {
         return verdict(true, "NoPeers", "single region: nothing to mirror");
@@ -233,6 +241,22 @@ fn refused<'a>(f: &Facts<'a>) -> Option<&'a crate::mirror::Refusal> {
         .filter(|_| f.running)
 }
 
+/// ChangeRefused: a change of a running peer's configuration that did not verify (True, with the
+/// fields, both sides and how to undo it: the peer keeps running on its previous configuration),
+/// or one that waits for a trial that could not finish (False, `Verifying`).
+fn change_refused(f: &Facts) -> Verdict {
+    let held = &f.obs.held;
+    let refused: Vec<&str> = held.iter().filter(|h| h.refused).map(|h| h.why.1.as_str()).collect();
+    if let Some(first) = held.iter().find(|h| h.refused) {
+        return verdict(true, &first.why.0, refused.join("; "));
+    }
+    if !held.is_empty() {
+        let waiting: Vec<&str> = held.iter().map(|h| h.why.1.as_str()).collect();
+        return verdict(false, "Verifying", waiting.join("; "));
+    }
+    verdict(false, "AllApplied", "every peer runs on the configuration the spec asks for")
+}
+
 /// Replicating: every worker is past its sync and watching.
 fn replicating(f: &Facts) -> Verdict {
     let spec = f.obs.spec;
@@ -271,12 +295,15 @@ fn peers_reachable(f: &Facts) -> Verdict {
 /// took more than a third of it, or the measured rate could not renew every lease within a third
 /// (two slow rounds and a retry would not fit), so it fires before the leases would expire.
 fn keepalive_degraded(f: &Facts) -> Verdict {
-    let (now, ttl) = (f.obs.now, f.obs.spec.lease.ttl_seconds);
+    let now = f.obs.now;
+    // Each peer's leases by the TTL they were granted (after a TTL change, the old ones until
+    // the copy has moved), the configured one until the peer said.
+    let ttl_of = |h: &PeerHealth| h.lease_ttl_reported.unwrap_or(f.obs.spec.lease.ttl_seconds);
     let failing: Vec<String> = f
         .obs
         .peers
         .iter()
-        .filter(|h| h.keepalive_failures > 0 && h.lease_ttl_remaining(now).is_none_or(|t| t * 2 <= ttl))
+        .filter(|h| h.keepalive_failures > 0 && h.lease_ttl_remaining(now).is_none_or(|t| t * 2 <= ttl_of(h)))
         .map(|h| {
             format!(
                 "{} ({} failed keepalives, {}s of lease left)",
@@ -295,9 +322,11 @@ fn keepalive_degraded(f: &Facts) -> Verdict {
         .iter()
         .filter_map(|h| match (&h.renewal_shortfall, h.last_keepalive_round()) {
             (Some(short), _) => Some(format!("{}: {}", h.peer, short.describe())),
-            (None, Some(round)) if round * 3.0 > ttl as f64 => Some(format!(
-                "{}: a round of {} leases took {round:.1}s of a {ttl}s TTL; {RENEWAL_ADVICE}",
-                h.peer, h.leases
+            (None, Some(round)) if round * 3.0 > ttl_of(h) as f64 => Some(format!(
+                "{}: a round of {} leases took {round:.1}s of a {}s TTL; {RENEWAL_ADVICE}",
+                h.peer,
+                h.leases,
+                ttl_of(h)
             )),
             _ => None,
         })
@@ -494,10 +523,35 @@ mod tests {
             inbound: vec![],
             conflict: None,
             config_errors: vec![],
+            held: vec![],
             leader: Some("op-0".into()),
             leader_lease: None,
             now,
         }
+    }
+
+    #[test]
+    fn a_refused_change_is_not_ready_and_names_what_to_undo_while_a_waiting_one_is_only_said() {
+        use crate::controllers::plan::HeldChange;
+        let now = SystemTime::now();
+        let spec = spec(&["b", "c"]);
+        let mut obs = observe(&spec, vec![healthy("b", now), healthy("c", now)], now);
+        let applied = compute(None, &obs);
+        assert_eq!(get(&applied, CHANGE_REFUSED).status, "False");
+        assert_eq!(get(&applied, CHANGE_REFUSED).reason, "AllApplied");
+        let message = "spec.peers[b].endpoints: [\"x\"] -> [\"y\"]: peers b and c are one etcd; peer b keeps running on its previous configuration; to undo: set spec.peers[b].endpoints back to [\"x\"]";
+        obs.held = vec![HeldChange { peer: "b".into(), refused: true, why: ("DuplicatePeer".into(), message.into()) }];
+        let refused = compute(Some(&applied), &obs);
+        let c = get(&refused, CHANGE_REFUSED);
+        assert_eq!((c.status.as_str(), c.reason.as_str(), c.message.as_str()), ("True", "DuplicatePeer", message));
+        let ready = get(&refused, READY);
+        assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "DuplicatePeer"));
+        assert!(ready.message.contains("to undo"), "{}", ready.message);
+        assert_eq!(refused.peers_ready.as_deref(), Some("2/2"), "the copies themselves are fine");
+        obs.held[0].refused = false;
+        let waiting = compute(Some(&refused), &obs);
+        assert_eq!(get(&waiting, CHANGE_REFUSED).reason, "Verifying");
+        assert_eq!(get(&waiting, READY).status, "True");
     }
 
     fn get<'a>(s: &'a RegionPeeringStatus, t: &str) -> &'a Condition {

@@ -250,6 +250,9 @@ pub enum ResyncCause {
     OriginChanged,
     /// The peer lost this mirror's records after it had synced: wiped, or restored from before them.
     RecordsLost,
+    /// The leases were granted under another TTL than `spec.lease.ttlSeconds` now says: the copy
+    /// moves onto leases of the new TTL, the old ones renewed until it has.
+    LeaseTtlChanged,
 }
 
 impl ResyncCause {
@@ -261,6 +264,9 @@ impl ResyncCause {
             ResyncCause::Reshard => "the subtree outgrew its leases",
             ResyncCause::OriginChanged => "the origin etcd was restored or replaced",
             ResyncCause::RecordsLost => "the peer lost the mirror's records (wiped, or restored from before them)",
+            ResyncCause::LeaseTtlChanged => {
+                "the lease TTL changed: the copy moves onto leases of the new TTL, the old ones renewed until it has"
+            }
         }
     }
 
@@ -273,12 +279,13 @@ impl ResyncCause {
             ResyncCause::Reshard => "reshard",
             ResyncCause::OriginChanged => "origin_changed",
             ResyncCause::RecordsLost => "records_lost",
+            ResyncCause::LeaseTtlChanged => "lease_ttl_changed",
         }
     }
 }
 
 /// What to change when the peer renews too slowly for the TTL.
-pub const RENEWAL_ADVICE: &str = "raise spec.lease.ttlSeconds, raise spec.sync.maxKeysPerLease (fewer leases), or list the peer's members (not a load balancer or a single follower) in its endpoints so that renewals reach its leader";
+pub const RENEWAL_ADVICE: &str = "raise spec.lease.ttlSeconds (the copy moves onto leases of the new TTL with no key missing), raise spec.lease.maxKeysPerLease (fewer leases; with etcd auth on, at most 64 keys go on a lease whatever it says), or list the peer's members (not a load balancer or a single follower) in its endpoints so that renewals reach its leader";
 
 /// A layout the peer cannot renew within a third of the TTL at the rate it answers renewals.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -37,6 +37,7 @@ mod shared;
 mod streams;
 pub mod sync_slots;
 pub mod target;
+pub mod trial;
 pub mod verify;
 pub mod worker;
 

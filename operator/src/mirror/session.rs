@@ -12,7 +12,7 @@ use super::plan::Oversized;
 use super::records::checkpoint::{Owner, Progress, SENT_UNKNOWN};
 use super::records::resume::{
     Claimant, Contest, OriginStatus, OwnerDecision, Ownership, decide_contest, decide_ownership, decide_resume,
-    peer_is_origin,
+    granted_under_another_ttl, onto_new_leases, peer_is_origin,
 };
 use super::records::store::{Records, read_records};
 use super::streams::spread::Spread;
@@ -202,6 +202,16 @@ impl Worker {
             state.resync_cause,
             state.synced_once,
         );
+        // Leases live by the TTL they were granted: a TTL changed since moves the copy onto new
+        // leases, the old ones renewed (by their own TTL) until it has.
+        let granted = self.keeper.granted_ttls(&kept.leases);
+        let resume = if granted_under_another_ttl(&granted, &alive, ttl) {
+            let was: Vec<u64> = granted.iter().flatten().map(|t| t.as_secs()).collect();
+            info!(granted = ?was, ttl = ttl.as_secs(), "the leases were granted under another TTL; the copy moves onto new leases");
+            onto_new_leases(resume)
+        } else {
+            resume
+        };
         if resume.resync == Some(ResyncCause::OriginChanged) {
             warn!(
                 cluster_id = origin.cluster_id,

@@ -80,7 +80,9 @@ pub async fn put_endpoints(etcd: &EtcdServer, region: &str, n: usize) {
             TxnOp::put(key, format!(r#"{{"region":"{region}","clusterName":"c1"}}"#), None)
         })
         .collect();
-    c.txn(Txn::new().and_then(ops)).await.unwrap();
+    for chunk in ops.chunks(100) {
+        c.txn(Txn::new().and_then(chunk.to_vec())).await.unwrap();
+    }
 }
 
 pub async fn mirrored(etcd: &EtcdServer, origin: &str) -> i64 {
@@ -147,6 +149,16 @@ pub fn peering(name: &str, region: &str, local: &EtcdServer, peers: &[(&str, &Et
             "failureDetector": {"acceptablePauseSeconds": 3},
         }
     })
+}
+
+/// One unlabelled gauge of the operator's metrics; None when it does not answer.
+pub async fn gauge(port: u16, name: &str) -> Option<f64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").await.ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).await.ok()?;
+    body.lines().find(|l| l.starts_with(&format!("{name} ")))?.rsplit(' ').next()?.parse().ok()
 }
 
 pub async fn scrape_metrics(port: u16) -> String {

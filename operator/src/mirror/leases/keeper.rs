@@ -48,6 +48,8 @@ pub struct Keeper {
     joined: Arc<Notify>,
     /// Bumped after every round, so that `liveness` can wait for answers.
     rounds: watch::Receiver<u64>,
+    /// The configured TTL: what the leases this worker grants live by.
+    ttl: Duration,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -89,7 +91,7 @@ impl Keeper {
             cluster: None,
         };
         let task = tokio::spawn(task.run().in_current_span());
-        Keeper { book, layout, joined, rounds, task }
+        Keeper { book, layout, joined, rounds, ttl: timing.ttl, task }
     }
 
     /// A layout of `leases` is being granted: until all of them are kept, the peer's renewal
@@ -147,7 +149,14 @@ impl Keeper {
     /// A lease this worker granted just before `at`: its TTL runs from then, so it is not due
     /// before an interval (the keeper is not woken for it).
     pub fn granted(&self, lease: i64, at: Instant) {
-        self.book().insert(lease, Kept { renewed_at: Some(at), answered_at: Some(at), ..Kept::default() });
+        let kept = Kept { renewed_at: Some(at), answered_at: Some(at), ttl: Some(self.ttl), ..Kept::default() };
+        self.book().insert(lease, kept);
+    }
+
+    /// The TTL the peer granted each of `ids` with, as far as its answers said (None: not known).
+    pub fn granted_ttls(&self, ids: &[i64]) -> Vec<Option<Duration>> {
+        let book = self.book();
+        ids.iter().map(|id| book.get(id).and_then(|k| k.ttl)).collect()
     }
 
     /// The leases kept now.
@@ -232,13 +241,14 @@ impl Task {
                     report_lost(*id, kept, &self.signals);
                 }
             }
-            let (due, next, deadline, live) = {
+            let (due, next, deadline, live, timing) = {
                 let book = self.book();
                 (
                     self.timing.due(&book, now),
                     self.timing.next_round(&book, now),
                     self.timing.round_deadline(&book, now),
                     book.values().filter(|k| !k.lost).count(),
+                    self.timing.of_book(&book),
                 )
             };
             if due.is_empty() {
@@ -254,7 +264,7 @@ impl Task {
             // deadline, and counting it would fail every retry once the leases run low.
             let connected = self.connect().await;
             // Never fewer streams than the layout's floor, from the very first round on.
-            self.streams_wanted = streams_for(live, self.streams_wanted, None, self.timing.target_round());
+            self.streams_wanted = streams_for(live, self.streams_wanted, None, timing.target_round());
             let started = Instant::now();
             let end = match connected {
                 Err(error) => RoundEnd { answered: 0, error: Some(error), silent: false },
@@ -264,15 +274,15 @@ impl Task {
             let streams = self.connection.as_ref().map_or(0, |c| c.streams.len().max(1));
             debug!(due = due.len(), answered = end.answered, ?elapsed, ?deadline, streams, "keepalive round");
             let measured = Measured { answered: end.answered, elapsed, streams };
-            self.streams_wanted = streams_for(live, self.streams_wanted, Some(measured), self.timing.target_round());
+            self.streams_wanted = streams_for(live, self.streams_wanted, Some(measured), timing.target_round());
             let layout = live.max(self.layout.load(std::sync::atomic::Ordering::Relaxed));
-            self.judge_capacity(layout, measured);
+            self.judge_capacity(layout, measured, timing.ttl);
             self.rounds.send_modify(|n| *n += 1);
             match end.error {
                 None => {
                     attempt = 0;
                     silent_rounds = 0;
-                    self.round_succeeded(elapsed);
+                    self.round_succeeded(elapsed, timing);
                 }
                 Some(error) => {
                     attempt += 1;
@@ -412,11 +422,11 @@ impl Task {
     /// Whether the peer renews the whole layout (`leases`) within a third of the TTL at the rate
     /// this round measured; a shortfall is said once when it starts (an event) and in the health
     /// while it lasts. A round too small to measure a rate changes nothing.
-    fn judge_capacity(&mut self, leases: usize, measured: Measured) {
+    fn judge_capacity(&mut self, leases: usize, measured: Measured, ttl: Duration) {
         if !measured.measures_rate() {
             return;
         }
-        let short = shortfall(leases, measured, self.timing.ttl);
+        let short = shortfall(leases, measured, ttl);
         let started = short.is_some() && self.shared.health.borrow().renewal_shortfall.is_none();
         self.shared.update(|h| h.renewal_shortfall = short);
         if let Some(short) = short.filter(|_| started) {
@@ -431,25 +441,26 @@ impl Task {
         }
     }
 
-    fn round_succeeded(&mut self, elapsed: Duration) {
-        let oldest = self.book().values().filter(|k| !k.lost).filter_map(|k| k.renewed_at).min();
-        let ttl_seconds = self.timing.ttl.as_secs() as i64;
-        let oldest = oldest.map(|t| SystemTime::now() - t.elapsed());
+    /// `timing` is the leases' together (`Timing::of_book`): the shortest TTL they live by.
+    fn round_succeeded(&mut self, elapsed: Duration, timing: Timing) {
+        // The stalest lease and the TTL it was granted with: when it lapses unless renewed.
+        let stalest = self.timing.stalest(&self.book());
+        let stalest = stalest.map(|(t, ttl)| (SystemTime::now() - t.elapsed(), ttl.as_secs() as i64));
         let streams = self.connection.as_ref().map_or(0, |c| c.streams.len());
-        let degraded = self.timing.degraded(elapsed);
+        let degraded = timing.degraded(elapsed);
         if degraded {
             info!(round = ?elapsed, streams, "a keepalive round took more than a third of the TTL");
         }
         self.shared.update(|h| {
             h.record_keepalive_rtt(elapsed);
             h.keepalive_failures = 0;
-            h.keepalive_last_success = oldest.or(Some(SystemTime::now()));
-            h.lease_ttl_reported = Some(ttl_seconds);
+            h.keepalive_last_success = stalest.map(|(t, _)| t).or(Some(SystemTime::now()));
+            h.lease_ttl_reported = Some(stalest.map_or(timing.ttl.as_secs() as i64, |(_, ttl)| ttl));
             h.keepalive_streams = streams;
         });
         self.shared.detector_success();
         // A slow round off the leader: look for the leader again next time.
-        if elapsed > self.timing.target_round() && self.connection.as_ref().is_some_and(|c| !c.raw.on_leader) {
+        if elapsed > timing.target_round() && self.connection.as_ref().is_some_and(|c| !c.raw.on_leader) {
             self.connection = None;
         }
     }
@@ -529,6 +540,8 @@ async fn renew_on(
         let Some(kept) = book.get_mut(&answer.id) else { continue };
         kept.answered_at = Some(now);
         if answer.ttl > 0 {
+            // A renewal answers with the TTL the lease was granted (and now has again).
+            kept.ttl = Some(Duration::from_secs(answer.ttl as u64));
             kept.renewed_at = Some(kept.renewed_at.map_or(started, |t| t.max(started)));
         } else {
             kept.lost = true;

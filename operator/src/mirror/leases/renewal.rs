@@ -1,7 +1,10 @@
 //! When and how the keeper renews the leases, without IO.
 //!
-//! Renewal is scheduled from the time each lease has left, not from a fixed beat: a round is due
-//! an interval after the least recently renewed lease; a round that fails, or hangs (no new
+//! Renewal is scheduled from the time each lease has left, not from a fixed beat, and each lease
+//! lives by the TTL the peer granted it (its answers say), not by the one configured now: after a
+//! TTL change the leases granted under the old one are renewed by it until a resync has moved the
+//! copy onto leases of the new one. A round is due an interval (at most a third of the lease's
+//! TTL) after the least recently renewed lease; a round that fails, or hangs (no new
 //! answer for a deadline of a third of what the stalest lease has left), is abandoned and retried
 //! at once with a short capped backoff, so that a partition shorter than the TTL never costs a
 //! lease, however it ends. The stalest leases go first on every stream.
@@ -36,6 +39,9 @@ pub struct Kept {
     pub reported: bool,
     /// An earlier layout's lease, expected to empty and lapse: its loss is not reported.
     pub retiring: bool,
+    /// The TTL the peer granted the lease with, as its answers (or the grant) say; None until
+    /// then, when the configured TTL stands in for it.
+    pub ttl: Option<Duration>,
 }
 
 /// The leases kept alive, by id.
@@ -51,16 +57,36 @@ pub struct Timing {
 }
 
 impl Timing {
-    /// The leases a round renews now: every lease not gone that was renewed more than half an
+    /// The TTL a lease lives by: the one the peer granted it, or the configured one until known.
+    pub fn ttl_of(&self, kept: &Kept) -> Duration {
+        kept.ttl.unwrap_or(self.ttl)
+    }
+
+    /// How often a lease is renewed: the configured interval, or a third of its own TTL when that
+    /// is shorter (a lease granted under a shorter TTL than the one configured now).
+    pub fn interval_of(&self, kept: &Kept) -> Duration {
+        self.interval.min(self.ttl_of(kept) / 3)
+    }
+
+    /// The timing of the leases in `book` taken together: the shortest TTL any of them lives by
+    /// (the configured one while none is known), and the interval that fits it. Rounds are sized,
+    /// and judged degraded, against it.
+    pub fn of_book(&self, book: &Book) -> Timing {
+        let ttl = book.values().filter(|k| !k.lost).map(|k| self.ttl_of(k)).min().unwrap_or(self.ttl);
+        Timing { ttl, interval: self.interval.min(ttl / 3), ceiling: self.ceiling }
+    }
+
+    /// The leases a round renews now: every lease not gone that was renewed more than half its
     /// interval ago, or never. Past the interval they all go together, so rounds stay few. The
-    /// stalest come first (never renewed, then the oldest renewal): a round cut short at its
+    /// stalest come first (never renewed, then the least time left): a round cut short at its
     /// deadline has renewed the ones with the least time left.
     pub fn due(&self, book: &Book, now: Instant) -> Vec<i64> {
-        let half = self.interval / 2;
         let mut due: Vec<(Option<Instant>, i64)> = book
             .iter()
-            .filter(|(_, k)| !k.lost && k.renewed_at.is_none_or(|t| now.saturating_duration_since(t) >= half))
-            .map(|(id, k)| (k.renewed_at, *id))
+            .filter(|(_, k)| {
+                !k.lost && k.renewed_at.is_none_or(|t| now.saturating_duration_since(t) >= self.interval_of(k) / 2)
+            })
+            .map(|(id, k)| (k.renewed_at.map(|t| t + self.ttl_of(k)), *id))
             .collect();
         due.sort_unstable();
         due.into_iter().map(|(_, id)| id).collect()
@@ -69,20 +95,29 @@ impl Timing {
     /// When a round is due: an interval after the least recently renewed lease (now for one never
     /// renewed); None when nothing is kept.
     pub fn next_round(&self, book: &Book, now: Instant) -> Option<Instant> {
-        book.values().filter(|k| !k.lost).map(|k| k.renewed_at.map_or(now, |t| t + self.interval)).min()
+        book.values().filter(|k| !k.lost).map(|k| k.renewed_at.map_or(now, |t| t + self.interval_of(k))).min()
     }
 
     /// What the stalest live lease has left. A lease whose last renewal is not known is taken to
-    /// have a third of the TTL left: its predecessor may have renewed it an interval ago and
+    /// have a third of its TTL left: its predecessor may have renewed it an interval ago and
     /// stopped since.
     pub fn time_left(&self, book: &Book, now: Instant) -> Option<Duration> {
         book.values()
             .filter(|k| !k.lost)
             .map(|k| match k.renewed_at {
-                Some(t) => (t + self.ttl).saturating_duration_since(now),
-                None => self.ttl / 3,
+                Some(t) => (t + self.ttl_of(k)).saturating_duration_since(now),
+                None => self.ttl_of(k) / 3,
             })
             .min()
+    }
+
+    /// The stalest live lease's last renewal and the TTL it lives by: together they say when it
+    /// lapses unless renewed (status and `KeepaliveDegraded` read it).
+    pub fn stalest(&self, book: &Book) -> Option<(Instant, Duration)> {
+        book.values()
+            .filter(|k| !k.lost)
+            .filter_map(|k| k.renewed_at.map(|t| (t, self.ttl_of(k))))
+            .min_by_key(|(t, ttl)| *t + *ttl)
     }
 
     /// How long a round may go without a new answer before it is abandoned and retried: a third
@@ -331,6 +366,33 @@ mod tests {
         assert!(!tiny.measures_rate());
         assert_eq!(streams_for(16_384, 16, Some(tiny), target), 16);
         assert_eq!(shortfall(16_423, tiny, Duration::from_secs(30)), None);
+    }
+
+    #[test]
+    fn each_lease_lives_by_the_ttl_it_was_granted_not_the_one_configured_now() {
+        // The TTL was raised to 60 s (keepalive 20 s); lease 1 was granted at 30 s, lease 2 at 60 s.
+        let raised = Timing { ttl: Duration::from_secs(60), interval: Duration::from_secs(20), ceiling: INTERVAL };
+        let t0 = Instant::now();
+        let mut book = Book::new();
+        book.insert(1, Kept { ttl: Some(TTL), ..renewed(t0) });
+        book.insert(2, Kept { ttl: Some(Duration::from_secs(60)), ..renewed(t0) });
+        // The 30 s lease is renewed every 10 s, a third of its own TTL, not every 20 s.
+        assert_eq!(raised.next_round(&book, t0), Some(t0 + INTERVAL));
+        assert_eq!(raised.due(&book, t0 + INTERVAL), vec![1, 2], "the 60 s lease is past half its interval too");
+        assert_eq!(raised.due(&book, t0 + Duration::from_secs(6)), vec![1]);
+        // Its time left, the round deadline and the degraded threshold come from 30 s.
+        assert_eq!(raised.time_left(&book, t0 + INTERVAL), Some(Duration::from_secs(20)));
+        assert_eq!(raised.stalest(&book), Some((t0, TTL)));
+        let together = raised.of_book(&book);
+        assert_eq!((together.ttl, together.interval), (TTL, INTERVAL));
+        assert!(together.degraded(Duration::from_secs(11)));
+        // Lowered to 12 s (keepalive 4 s): a 60 s lease still renewed every 4 s, lapsing by its own TTL.
+        let lowered = Timing { ttl: Duration::from_secs(12), interval: Duration::from_secs(4), ceiling: INTERVAL };
+        book.remove(&1);
+        assert_eq!(lowered.next_round(&book, t0), Some(t0 + Duration::from_secs(4)));
+        assert_eq!(lowered.time_left(&book, t0), Some(Duration::from_secs(60)));
+        // Unknown until it answers: the configured TTL stands in.
+        assert_eq!(lowered.ttl_of(&Kept::default()), Duration::from_secs(12));
     }
 
     #[test]

@@ -263,9 +263,61 @@ pub fn decide_resume(
     }
 }
 
+/// Whether any live recorded lease was granted under another TTL than `configured`: `granted[i]`
+/// is what the peer's answers said of lease i (None: not known), `alive[i]` whether it lives.
+pub fn granted_under_another_ttl(
+    granted: &[Option<std::time::Duration>],
+    alive: &[bool],
+    configured: std::time::Duration,
+) -> bool {
+    granted.iter().zip(alive).any(|(ttl, alive)| *alive && ttl.is_some_and(|ttl| ttl != configured))
+}
+
+/// The copy moves onto new leases (the TTL changed): every recorded lease becomes a retiring one,
+/// kept alive until a resync has moved its keys, and the layout's shards are granted anew. A
+/// resync the records owe anyway keeps its cause when it says more (an origin replaced).
+pub fn onto_new_leases(mut resume: Resume) -> Resume {
+    if resume.leases.is_empty() {
+        return resume;
+    }
+    let old: Vec<i64> = resume.leases.iter().copied().filter(|id| *id != 0 && !resume.retiring.contains(id)).collect();
+    resume.retiring.extend(old);
+    resume.leases = vec![0; resume.leases.len()];
+    resume.applied = 0;
+    resume.resync = Some(match resume.resync {
+        Some(ResyncCause::OriginChanged) => ResyncCause::OriginChanged,
+        _ => ResyncCause::LeaseTtlChanged,
+    });
+    resume
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn leases_of_another_ttl_move_the_copy_onto_new_ones_kept_alive_meanwhile() {
+        let s = std::time::Duration::from_secs;
+        assert!(granted_under_another_ttl(&[Some(s(30)), Some(s(60))], &[true, true], s(60)));
+        assert!(!granted_under_another_ttl(&[Some(s(60)), None], &[true, true], s(60)), "unknown is not another");
+        assert!(!granted_under_another_ttl(&[Some(s(30))], &[false], s(60)), "a lapsed lease is not renewed anyway");
+        let c = Checkpoint { revision: 40, synced: true, leases: vec![7, 8], keys: vec![3, 4], ..Default::default() };
+        let resume = decide_resume(Some(&c), None, &[true, true], &[(5, true)], ORIGIN, None, false);
+        assert_eq!((resume.resync, resume.applied), (None, 40));
+        let moved = onto_new_leases(resume);
+        assert_eq!(moved.leases, vec![0, 0], "the layout's shards are granted anew");
+        assert_eq!(moved.retiring, vec![5, 7, 8], "every old lease kept alive until the resync moved its keys");
+        assert_eq!((moved.resync, moved.applied), (Some(ResyncCause::LeaseTtlChanged), 0));
+        assert_eq!(moved.keys, vec![3, 4]);
+        // An origin replaced says more than the TTL.
+        let other = OriginStatus { cluster_id: 99, ..ORIGIN };
+        let c = Checkpoint { origin_cluster_id: 1, ..c };
+        let replaced = onto_new_leases(decide_resume(Some(&c), None, &[true, true], &[], other, None, false));
+        assert_eq!(replaced.resync, Some(ResyncCause::OriginChanged));
+        // Nothing laid out yet: nothing to move.
+        let fresh = onto_new_leases(decide_resume(None, None, &[], &[], ORIGIN, None, false));
+        assert_eq!((fresh.leases.len(), fresh.resync), (0, Some(ResyncCause::Initial)));
+    }
 
     fn owner(name: &str, generation: u64) -> Option<Owner> {
         Some(Owner { owner: name.into(), acquired_at: "t".into(), generation, ..Default::default() })
