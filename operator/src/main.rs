@@ -347,8 +347,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     // The workers outlive a term of the controllers: a leader that loses sight of the API server
     // keeps renewing (leader.rs), and leads again over the same workers when it comes back.
     let peering = region_peering::Context::new(client.clone(), settings.clone(), metrics.clone());
-    let schema =
-        aether_operator::controllers::registry_schema::Context::new(client.clone(), settings.clone(), metrics.clone());
+    let schema = aether_operator::controllers::registry_schema::Context::new(
+        client.clone(),
+        settings.clone(),
+        metrics.clone(),
+        peering.clone(),
+    );
     let lead = |term: CancellationToken| {
         let (peering, schema, namespaces) = (peering.clone(), schema.clone(), namespaces.clone());
         async move {

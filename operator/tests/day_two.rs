@@ -152,3 +152,398 @@ async fn at_the_defaults_a_control_plane_paused_for_three_ttls_costs_no_key_with
 async fn at_the_defaults_a_control_plane_paused_for_three_ttls_costs_no_key_with_two_replicas() {
     control_plane_paused_for_three_ttls(2).await;
 }
+
+/// How long a scenario holds a bad change: three TTLs, at the CRD defaults or the fault tests'.
+#[derive(Clone, Copy)]
+enum Timing {
+    /// TTL 6 s, keepalive 2 s (the operator tests' settings).
+    Fast,
+    /// TTL 30 s, keepalive 10 s.
+    Defaults,
+}
+
+impl Timing {
+    fn ttl(self) -> Duration {
+        match self {
+            Timing::Fast => Duration::from_secs(6),
+            Timing::Defaults => TTL,
+        }
+    }
+
+    fn peering(self, name: &str, region: &str, local: &EtcdServer, peers: &[(&str, &EtcdServer)]) -> serde_json::Value {
+        match self {
+            Timing::Fast => peering(name, region, local, peers),
+            Timing::Defaults => at_the_defaults(name, region, local, peers),
+        }
+    }
+}
+
+/// Waits for the ChangeRefused condition to say `status`/`reason`, and returns its message.
+async fn change_condition(api: &Api<RegionPeering>, status: &str, reason: &str) -> String {
+    let rp = wait_condition(api, "a", "ChangeRefused", status, Some(reason)).await;
+    condition(&rp, "ChangeRefused").unwrap().2
+}
+
+async fn patch_spec(api: &Api<RegionPeering>, spec: serde_json::Value) {
+    api.patch("a", &kube::api::PatchParams::default(), &kube::api::Patch::Merge(serde_json::json!({ "spec": spec })))
+        .await
+        .unwrap();
+}
+
+/// The count of `origin`'s keys in an etcd.
+async fn copy_of(peer: &Client, origin: &str) -> i64 {
+    let options = etcd_client::GetOptions::new().with_prefix().with_count_only();
+    peer.clone().get(aether_operator::keys::region_prefix(origin), Some(options)).await.unwrap().count()
+}
+
+/// Holds the copies for three TTLs while a refused change stands: every read must see them whole.
+async fn hold_three_ttls(timing: Timing, peers: &[&Client], keys: i64, what: &str) {
+    let held = Instant::now();
+    while held.elapsed() < 3 * timing.ttl() {
+        for peer in peers {
+            assert_eq!(copy_of(peer, "a").await, keys, "a's copy shrank while {what} was refused");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Region a (500 keys) mirrors into b (mTLS, its Secret) and c. Three changes a user makes by
+/// mistake are each refused for three TTLs with a condition naming the field, both sides and how
+/// to undo it, while the running workers keep both copies whole; undone, each clears; a change
+/// that verifies applies. No key of a goes missing and nothing resyncs.
+async fn bad_changes_are_refused_and_the_copies_stay_whole(timing: Timing) {
+    let tag = match timing {
+        Timing::Fast => "vf",
+        Timing::Defaults => "vd",
+    };
+    let names = [format!("{tag}-a"), format!("{tag}-b"), format!("{tag}-c")];
+    let (apiserver, a, b, c) = tokio::try_join!(
+        KubeApiserver::start(tag),
+        EtcdServer::start(&names[0]),
+        aether_harness::EtcdCluster::start_with(&names[1], aether_harness::ClusterOptions::new(1).with_tls()),
+        EtcdServer::start(&names[2])
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let client = prepare(&apiserver).await;
+    put_endpoints(&a, "a", 500).await;
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), NS);
+    let secret = |cert: &aether_harness::CertFiles| -> k8s_openapi::api::core::v1::Secret {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "peer-b", "namespace": NS},
+            "stringData": {
+                "ca.crt": std::fs::read_to_string(b.ca_cert().unwrap()).unwrap(),
+                "tls.crt": std::fs::read_to_string(&cert.cert).unwrap(),
+                "tls.key": std::fs::read_to_string(&cert.key).unwrap(),
+            }
+        }))
+        .unwrap()
+    };
+    let good = b.client_cert("root").unwrap();
+    secrets.create(&Default::default(), &secret(&good)).await.unwrap();
+    let _operator = start_operator(&apiserver, dir.path(), &format!("operator-{tag}"), free_port());
+    let api: Api<RegionPeering> = Api::namespaced(client.clone(), NS);
+    let mut rp = timing.peering("a", "a", &a, &[("c", &c)]);
+    let b_peer =
+        serde_json::json!({"region": "b", "endpoints": b.endpoints(), "tls": {"secretRef": {"name": "peer-b"}}});
+    let c_peer = rp["spec"]["peers"][0].clone();
+    rp["spec"]["peers"] = serde_json::json!([b_peer.clone(), c_peer.clone()]);
+    create_json(&client, NS, rp).await.unwrap();
+    wait_condition(&api, "a", "Ready", "True", Some("AllPeersReady")).await;
+    let b_reader = support::etcd::connect(
+        &b.endpoints(),
+        Some(etcd_client::ConnectOptions::new().with_tls(support::etcd::tls_for(&b, "root"))),
+    )
+    .await;
+    let c_reader = Client::connect([c.endpoint()], None).await.unwrap();
+    let deletes = [
+        support::etcd::count_peer_deletes(&b_reader, "a").await,
+        support::etcd::count_peer_deletes(&c_reader, "a").await,
+    ];
+    let readers = [&b_reader, &c_reader];
+    assert_eq!((copy_of(&b_reader, "a").await, copy_of(&c_reader, "a").await), (500, 500));
+
+    // 1. b's endpoints edited to c's etcd: one etcd under two peer names.
+    let mut to_c = b_peer.clone();
+    to_c["endpoints"] = serde_json::json!([c.endpoint()]);
+    patch_spec(&api, serde_json::json!({"peers": [to_c, c_peer.clone()]})).await;
+    hold_three_ttls(timing, &readers, 500, "b's endpoints pointing at c").await;
+    let message = change_condition(&api, "True", "DuplicatePeer").await;
+    let back = format!("set spec.peers[b].endpoints back to {:?}", b.endpoints());
+    for said in ["spec.peers[b].endpoints", &c.endpoint(), "Peer b keeps running on its previous configuration", &back]
+    {
+        assert!(message.contains(said), "{said:?} missing from {message}");
+    }
+    let ready = condition(&api.get("a").await.unwrap(), "Ready").unwrap();
+    assert_eq!((ready.0.as_str(), ready.1.as_str()), ("False", "DuplicatePeer"));
+    patch_spec(&api, serde_json::json!({"peers": [b_peer.clone(), c_peer.clone()]})).await;
+    change_condition(&api, "False", "AllApplied").await;
+
+    // 2. b's Secret replaced by a client certificate of another CA.
+    let stranger = aether_harness::Pki::new(dir.path()).unwrap();
+    let foreign = stranger.client("foreign", "root", &[]).unwrap();
+    secrets.replace("peer-b", &Default::default(), &secret(&foreign)).await.unwrap();
+    hold_three_ttls(timing, &readers, 500, "b's Secret of another CA").await;
+    let message = change_condition(&api, "True", "TLSUntrusted").await;
+    for said in ["Secret fed/peer-b", "tls.crt", "tls.key", "restore Secret fed/peer-b's previous contents"] {
+        assert!(message.contains(said), "{said:?} missing from {message}");
+    }
+    secrets.replace("peer-b", &Default::default(), &secret(&good)).await.unwrap();
+    change_condition(&api, "False", "AllApplied").await;
+
+    // 3. localEtcd edited to c's etcd, spelled another way: c holds a's copy.
+    let c_spelled = c.endpoint().replace("127.0.0.1", "localhost");
+    patch_spec(&api, serde_json::json!({"localEtcd": {"endpoints": [c_spelled]}})).await;
+    hold_three_ttls(timing, &readers, 500, "localEtcd pointing at c").await;
+    let message = change_condition(&api, "True", "LocalEtcdHoldsCopy").await;
+    let back = format!("set spec.localEtcd.endpoints back to [\"{}\"]", a.endpoint());
+    for said in ["spec.localEtcd.endpoints", &back, "a peer's etcd"] {
+        assert!(message.contains(said), "{said:?} missing from {message}");
+    }
+    // Writes into a still reach both peers: the workers read a, not c.
+    put_endpoints(&a, "a", 501).await;
+    wait_until("a write into a mirrored while the localEtcd change is refused", Duration::from_secs(60), || async {
+        Ok(copy_of(&b_reader, "a").await == 501 && copy_of(&c_reader, "a").await == 501)
+    })
+    .await
+    .unwrap();
+    patch_spec(&api, serde_json::json!({"localEtcd": {"endpoints": [a.endpoint()]}})).await;
+    change_condition(&api, "False", "AllApplied").await;
+
+    // 4. A change that verifies applies: c's endpoint spelled with a trailing slash.
+    let mut c_slash = c_peer.clone();
+    c_slash["endpoints"] = serde_json::json!([format!("{}/", c.endpoint())]);
+    patch_spec(&api, serde_json::json!({"peers": [b_peer.clone(), c_slash]})).await;
+    wait_until("the verified change applied", Duration::from_secs(60), || {
+        let api = api.clone();
+        async move {
+            let rp = api.get("a").await?;
+            let applied = condition(&rp, "ChangeRefused").is_some_and(|c| c.1 == "AllApplied");
+            let observed = rp.status.as_ref().and_then(|s| s.observed_generation) == rp.metadata.generation;
+            Ok(applied && observed && condition(&rp, "Ready").is_some_and(|c| c.0 == "True"))
+        }
+    })
+    .await
+    .unwrap();
+
+    assert_eq!(deletes.iter().map(|d| d.load(Ordering::SeqCst)).sum::<usize>(), 0, "keys of a deleted on a peer");
+    let status = api.get("a").await.unwrap().status.unwrap();
+    for p in &status.peers {
+        assert_eq!((p.replication.keys, p.replication.resyncs), (501, 0), "{p:?}");
+    }
+
+    // 5. localEtcd edited to a new, empty etcd: nothing tells the trial it is the wrong one, but
+    // mirroring it would delete the whole region on every peer. The workers hold that resync and
+    // keep the copies alive until the spec raises maxResyncDeletePercent.
+    let empty = EtcdServer::start(&format!("{tag}-empty")).await.unwrap();
+    patch_spec(&api, serde_json::json!({"localEtcd": {"endpoints": [empty.endpoint()]}})).await;
+    hold_three_ttls(timing, &readers, 501, "a resync from an empty origin").await;
+    let rp = wait_condition(&api, "a", "Ready", "False", Some("ResyncWouldDelete")).await;
+    let message = condition(&rp, "Ready").unwrap().2;
+    for said in ["501 of the 501 keys", "spec.sync.maxResyncDeletePercent = 50", "point it back"] {
+        assert!(message.contains(said), "{said:?} missing from {message}");
+    }
+    assert!(rp.status.unwrap().peers.iter().all(|p| p.phase == "Held"));
+    // Acknowledged: the origin as it is now is mirrored (empty).
+    patch_spec(&api, serde_json::json!({"sync": {"maxResyncDeletePercent": 100}})).await;
+    wait_until("the acknowledged resync mirrors the empty origin", Duration::from_secs(120), || async {
+        Ok(copy_of(&b_reader, "a").await == 0 && copy_of(&c_reader, "a").await == 0)
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn bad_changes_are_refused_for_three_ttls_while_the_copies_stay_whole_and_undoing_them_clears_the_refusal() {
+    bad_changes_are_refused_and_the_copies_stay_whole(Timing::Fast).await;
+}
+
+#[tokio::test]
+#[ignore = "soak: minutes at the CRD defaults; `make test` runs it beside the other suites (hack/test.sh)"]
+async fn at_the_defaults_bad_changes_are_refused_for_three_ttls_while_the_copies_stay_whole() {
+    bad_changes_are_refused_and_the_copies_stay_whole(Timing::Defaults).await;
+}
+
+/// Writes `n` legacy endpoints of region `region` into an etcd.
+async fn put_legacy(etcd: &EtcdServer, region: &str, n: usize) {
+    let mut c = Client::connect([etcd.endpoint()], None).await.unwrap();
+    for i in 0..n {
+        let key = format!("/aether/services/s{}/protocols/tcp/endpoints/10.7.{}.{}", i % 3, i / 200, i % 200);
+        let value = format!(r#"{{"region":"{region}","clusterName":"c1"}}"#);
+        c.put(key, value, None).await.unwrap();
+    }
+}
+
+async fn count_prefix(etcd: &EtcdServer, prefix: &str) -> i64 {
+    let mut c = Client::connect([etcd.endpoint()], None).await.unwrap();
+    c.get(prefix, Some(etcd_client::GetOptions::new().with_prefix().with_count_only())).await.unwrap().count()
+}
+
+fn registry_schema(name: &str, region: &str, etcd: &EtcdServer) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "federation.aether.dev/v1alpha1",
+        "kind": "RegistrySchema",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"etcd": {"endpoints": [etcd.endpoint()]}, "region": region, "cluster": "c1",
+                 "drain": {"quietPeriodSeconds": 1}},
+    })
+}
+
+/// Waits for a RegistrySchema's Ready condition to be False with `reason`; its message.
+async fn schema_refused(api: &Api<aether_operator::api::RegistrySchema>, name: &str, reason: &str) -> String {
+    let mut last = None;
+    let deadline = Instant::now() + WAIT;
+    while Instant::now() < deadline {
+        let rs = api.get(name).await.unwrap();
+        let ready = rs.status.as_ref().and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready").cloned());
+        if let Some(c) = ready.as_ref().filter(|c| c.status == "False" && c.reason == reason) {
+            return c.message.clone();
+        }
+        last = ready;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("{name}: Ready=False ({reason}) not reached; last: {last:?}");
+}
+
+#[tokio::test]
+async fn a_registry_schema_on_an_etcd_that_is_not_its_regions_origin_is_refused_before_anything_is_written() {
+    let (apiserver, a, b) = tokio::try_join!(
+        KubeApiserver::start("drainto"),
+        EtcdServer::start("drainto-a"),
+        EtcdServer::start("drainto-b")
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let client = prepare(&apiserver).await;
+    // a and b mirror into each other; each etcd also holds 350 legacy endpoints of its own region.
+    put_endpoints(&a, "a", 50).await;
+    put_endpoints(&b, "b", 50).await;
+    put_legacy(&a, "a", 350).await;
+    put_legacy(&b, "b", 350).await;
+    let _operator = start_operator(&apiserver, dir.path(), "operator-drainto", free_port());
+    let peerings: Api<RegionPeering> = Api::namespaced(client.clone(), NS);
+    create_json(&client, NS, peering("a", "a", &a, &[("b", &b)])).await.unwrap();
+    create_json(&client, NS, peering("b", "b", &b, &[("a", &a)])).await.unwrap();
+    wait_condition(&peerings, "a", "Ready", "True", None).await;
+    wait_condition(&peerings, "b", "Ready", "True", None).await;
+    let before = [
+        count_prefix(&a, "/aether/").await,
+        count_prefix(&b, "/aether/").await,
+        count_prefix(&a, "/aether/services/").await,
+    ];
+    let schemas: Api<aether_operator::api::RegistrySchema> = Api::namespaced(client.clone(), NS);
+
+    // Region b drained in a's etcd, where b's copy lives; and region a in b's etcd.
+    create_json(&client, NS, registry_schema("b-in-a", "b", &a)).await.unwrap();
+    let message = schema_refused(&schemas, "b-in-a", "EtcdHoldsCopy").await;
+    assert!(message.contains("copy of region b") && message.contains("spec.etcd"), "{message}");
+    create_json(&client, NS, registry_schema("a-in-b", "a", &b)).await.unwrap();
+    let message = schema_refused(&schemas, "a-in-b", "EtcdHoldsCopy").await;
+    assert!(message.contains("copy of region a"), "{message}");
+    // Region c (no copy of it anywhere) in a's etcd, which RegionPeering fed/a says is a's.
+    create_json(&client, NS, registry_schema("c-in-a", "c", &a)).await.unwrap();
+    let message = schema_refused(&schemas, "c-in-a", "EtcdOfAnotherRegion").await;
+    assert!(message.contains("fed/a") && message.contains("fed/c-in-a"), "{message}");
+
+    // Nothing was read into v1 or deleted from the legacy layout; no drain lock was taken. The
+    // copies only change if a mirror wrote (it did not: no origin changed).
+    tokio::time::sleep(Duration::from_secs(3)).await; // a window in which a drain that ran would copy
+    let after = [
+        count_prefix(&a, "/aether/").await,
+        count_prefix(&b, "/aether/").await,
+        count_prefix(&a, "/aether/services/").await,
+    ];
+    assert_eq!(after, before, "a refused drain wrote or deleted something");
+    assert_eq!(count_prefix(&a, "/aether/v1/drain/").await + count_prefix(&b, "/aether/v1/drain/").await, 0);
+
+    // The region's own etcd drains.
+    create_json(&client, NS, registry_schema("a-in-a", "a", &a)).await.unwrap();
+    wait_until("a's legacy endpoints migrated in a's etcd", WAIT, || async {
+        Ok(count_prefix(&a, "/aether/services/").await == 0
+            && count_prefix(&a, &aether_operator::keys::cluster_prefix("a", "c1")).await == 400)
+    })
+    .await
+    .unwrap();
+    assert_eq!(count_prefix(&b, "/aether/services/").await, 350, "b's legacy endpoints untouched");
+}
+
+#[tokio::test]
+async fn a_namespace_deleted_with_its_secrets_first_still_retires_every_copy_and_leaves_no_record() {
+    let (apiserver, a, b, c) = tokio::try_join!(
+        KubeApiserver::start("nsdel"),
+        EtcdServer::start("nsdel-a"),
+        aether_harness::EtcdCluster::start_with("nsdel-b", aether_harness::ClusterOptions::new(1).with_tls()),
+        EtcdServer::start("nsdel-c")
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let client = prepare(&apiserver).await;
+    put_endpoints(&a, "a", 200).await;
+    let cert = b.client_cert("root").unwrap();
+    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "peer-b", "namespace": NS},
+        "stringData": {
+            "ca.crt": std::fs::read_to_string(b.ca_cert().unwrap()).unwrap(),
+            "tls.crt": std::fs::read_to_string(&cert.cert).unwrap(),
+            "tls.key": std::fs::read_to_string(&cert.key).unwrap(),
+        }
+    }))
+    .unwrap();
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), NS);
+    secrets.create(&Default::default(), &secret).await.unwrap();
+    let _operator = start_operator(&apiserver, dir.path(), "operator-nsdel", free_port());
+    let api: Api<RegionPeering> = Api::namespaced(client.clone(), NS);
+    let mut rp = peering("a", "a", &a, &[("c", &c)]);
+    let c_peer = rp["spec"]["peers"][0].clone();
+    rp["spec"]["peers"] = serde_json::json!([
+        {"region": "b", "endpoints": b.endpoints(), "tls": {"secretRef": {"name": "peer-b"}}}, c_peer
+    ]);
+    // A long TTL: a copy that only lapses would still be there long after a retirement.
+    rp["spec"]["lease"] = serde_json::json!({"ttlSeconds": 120, "keepaliveIntervalSeconds": 10});
+    rp["spec"]["failureDetector"] = serde_json::json!({"acceptablePauseSeconds": 20});
+    rp["spec"]["deletionPolicy"] = serde_json::json!("Delete");
+    create_json(&client, NS, rp).await.unwrap();
+    wait_condition(&api, "a", "Ready", "True", Some("AllPeersReady")).await;
+    let b_reader = support::etcd::connect(
+        &b.endpoints(),
+        Some(etcd_client::ConnectOptions::new().with_tls(support::etcd::tls_for(&b, "root"))),
+    )
+    .await;
+    let c_reader = Client::connect([c.endpoint()], None).await.unwrap();
+    // The copy, and the records besides the owner record (which stays as a tombstone, so that a
+    // deposed worker never takes the retired mirror back).
+    let held = |peer: &Client| {
+        let peer = peer.clone();
+        async move { (copy_of(&peer, "a").await, records_besides_the_tombstone(&peer).await) }
+    };
+    assert_eq!((copy_of(&b_reader, "a").await, copy_of(&c_reader, "a").await), (200, 200));
+
+    // What the namespace controller does: every Secret of the namespace goes, then the
+    // RegionPeering (this API server runs no controller manager, so the test deletes in its order).
+    secrets.delete("peer-b", &Default::default()).await.unwrap();
+    api.delete("a", &Default::default()).await.unwrap();
+    let deleted = Instant::now();
+    wait_until("the RegionPeering is gone", Duration::from_secs(60), || {
+        let api = api.clone();
+        async move { Ok(api.get_opt("a").await?.is_none()) }
+    })
+    .await
+    .unwrap();
+    // Retired from both peers, long before the leases (120 s) would lapse: no key, no record.
+    assert_eq!(held(&b_reader).await, (0, 0), "b kept a's copy or its records after the namespace's deletion");
+    assert_eq!(held(&c_reader).await, (0, 0), "c kept a's copy or its records after the namespace's deletion");
+    assert!(deleted.elapsed() < Duration::from_secs(60), "{:?}", deleted.elapsed());
+}
+
+/// Region a's records on a peer other than its owner record, and whether that is a tombstone.
+async fn records_besides_the_tombstone(peer: &Client) -> i64 {
+    use aether_operator::keys;
+    let options = etcd_client::GetOptions::new().with_prefix();
+    let records = peer.clone().get(keys::federation_prefix("a"), Some(options)).await.unwrap();
+    let owner = keys::owner_key("a");
+    let tombstone = records.kvs().iter().find(|kv| kv.key() == owner.as_bytes()).is_some_and(|kv| {
+        aether_operator::mirror::records::checkpoint::Owner::decode(kv.value()).is_some_and(|o| o.retired)
+    });
+    assert!(tombstone, "the owner record is a retirement's tombstone");
+    records.kvs().iter().filter(|kv| kv.key() != owner.as_bytes()).count() as i64
+}

@@ -228,6 +228,14 @@ pub struct SyncSettings {
     #[serde(default = "default_max_ready_lag")]
     #[schemars(range(min = 1, max = 86400))]
     pub max_ready_lag_seconds: i64,
+    /// The most of a peer's live copy, in percent, that a full sync from an origin the records
+    /// do not vouch for (its etcd replaced or restored, or spec.localEtcd now reaching another
+    /// etcd) may delete. Past it the sync waits, the copy is kept alive as it is, and the peer is
+    /// Held (reason ResyncWouldDelete) until this is raised: set 100 to let an origin restored or
+    /// replaced on purpose be mirrored as it is, and set it back after.
+    #[serde(default = "default_max_resync_delete_percent")]
+    #[schemars(range(min = 0, max = 100))]
+    pub max_resync_delete_percent: i64,
 }
 
 fn default_page_size() -> i64 {
@@ -251,6 +259,9 @@ fn default_verify_keys_per_second() -> i64 {
 fn default_max_ready_lag() -> i64 {
     30
 }
+fn default_max_resync_delete_percent() -> i64 {
+    crate::mirror::DEFAULT_MAX_RESYNC_DELETE_PERCENT as i64
+}
 
 impl Default for SyncSettings {
     fn default() -> Self {
@@ -262,6 +273,7 @@ impl Default for SyncSettings {
             watch_linger_milliseconds: default_watch_linger(),
             verify_keys_per_second: default_verify_keys_per_second(),
             max_ready_lag_seconds: default_max_ready_lag(),
+            max_resync_delete_percent: default_max_resync_delete_percent(),
         }
     }
 }
@@ -312,7 +324,7 @@ pub struct RegionPeeringStatus {
 #[serde(rename_all = "camelCase")]
 pub struct PeerStatus {
     pub region: String,
-    /// Connecting, Queued (a full sync waits its turn among the region's peers), Syncing, Watching, Resyncing, Backoff, Fenced, Retired, Refused or Stopped.
+    /// Connecting, Queued (a full sync waits its turn among the region's peers), Syncing, Watching, Resyncing, Backoff, Fenced, Retired, Refused, Held (what comes next waits for a person; the copy is kept alive) or Stopped.
     pub phase: String,
     /// The cross-region failure detector's verdict.
     pub reachable: bool,

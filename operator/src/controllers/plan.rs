@@ -201,6 +201,17 @@ pub struct Claim {
     /// The local etcd's cluster id, once known: two claims naming one etcd by different URLs
     /// (a Service name and a pod IP, say) are the same target.
     pub cluster_id: Option<u64>,
+    /// It runs (its workers own the mirrors on the peers): it keeps running whatever the age of
+    /// a claim that comes later.
+    pub running: bool,
+}
+
+/// The order claims on one target are decided in: the one that runs first (it owns the mirrors,
+/// and the peers decide by the same owner record), then the oldest, then by name. Two objects
+/// created in the same second, or applied together, are decided the same way everywhere, and the
+/// one already running is never stopped for the other.
+fn precedence<'a>(running: bool, created: &'a str, object: &'a str) -> (bool, &'a str, &'a str) {
+    (!running, created, object)
 }
 
 impl Claim {
@@ -216,12 +227,16 @@ impl Claim {
     }
 }
 
-/// Why `me` may not run: an older claim on the same region of the same etcd, if any.
+/// Why `me` may not run: a claim on the same region of the same etcd that comes first (see
+/// [`precedence`]), if any.
 pub fn conflict(me: &Claim, all: &[Claim]) -> Option<String> {
+    let order = |c: &Claim| (!c.running, c.created.clone(), c.object.clone());
     all.iter()
         .filter(|other| other.object != me.object && other.same_target(me))
-        .filter(|other| (&other.created, &other.object) < (&me.created, &me.object))
-        .min_by(|a, b| (&a.created, &a.object).cmp(&(&b.created, &b.object)))
+        .filter(|other| {
+            precedence(other.running, &other.created, &other.object) < precedence(me.running, &me.created, &me.object)
+        })
+        .min_by_key(|c| order(c))
         .map(|winner| {
             format!(
                 "region {} on this etcd is already federated by {}; this object runs nothing until that one is deleted",
@@ -240,9 +255,12 @@ pub struct SchemaClaim {
     pub legacy_prefix: String,
     /// RFC 3339 creation time; the oldest claim wins.
     pub created: String,
+    /// Its drain runs (or ran, as its status says): it keeps running whatever comes later.
+    pub running: bool,
 }
 
-/// Why RegistrySchema `me` may not drain: an older one migrating the same region of the same etcd.
+/// Why RegistrySchema `me` may not drain: one migrating the same region of the same etcd that
+/// comes first (see [`precedence`]).
 /// The v1 key of an endpoint does not name the legacy prefix, so two prefixes drained into one
 /// region would map their endpoints onto the same v1 keys, and one of the two values would be
 /// lost (and its legacy key deleted); the same prefix twice would race for its lock.
@@ -253,8 +271,8 @@ pub fn schema_conflict(me: &SchemaClaim, all: &[SchemaClaim]) -> Option<String> 
         .iter()
         .filter(|o| o.object != me.object && o.region == me.region)
         .filter(|o| norm(&o.endpoints).iter().any(|e| mine.contains(e)))
-        .filter(|o| (&o.created, &o.object) < (&me.created, &me.object))
-        .min_by(|a, b| (&a.created, &a.object).cmp(&(&b.created, &b.object)))?;
+        .filter(|o| precedence(o.running, &o.created, &o.object) < precedence(me.running, &me.created, &me.object))
+        .min_by_key(|o| (!o.running, o.created.clone(), o.object.clone()))?;
     Some(if winner.legacy_prefix == me.legacy_prefix {
         format!(
             "legacy prefix {} of region {} on this etcd is already drained by {}; this object drains nothing until that one is deleted",
@@ -266,6 +284,79 @@ pub fn schema_conflict(me: &SchemaClaim, all: &[SchemaClaim]) -> Option<String> 
             me.region, winner.object, winner.legacy_prefix, me.legacy_prefix, winner.legacy_prefix
         )
     })
+}
+
+/// The etcd a RegistrySchema would drain, as a reconcile found it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DrainTarget {
+    /// namespace/name of the RegistrySchema.
+    pub object: String,
+    pub region: String,
+    pub endpoints: Vec<String>,
+    pub cluster_id: u64,
+    /// Who recorded a mirrored copy of the region in it, if it holds one.
+    pub holds_copy: Option<String>,
+}
+
+/// A RegionPeering as a drain's check needs it: which region's origin it says which etcd is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeeringView {
+    pub object: String,
+    pub region: String,
+    pub endpoints: Vec<String>,
+    /// Its local etcd's cluster id, once known.
+    pub cluster_id: Option<u64>,
+}
+
+/// Why a RegistrySchema may not drain into its etcd, before anything is read or written: the
+/// etcd holds a copy of the region mirrored in from elsewhere (it is a peer's: the drain's v1
+/// writes would be overwritten by the mirror, and its legacy deletes lose endpoints), or a
+/// RegionPeering says the region's origin is another etcd, or this etcd is another region's.
+pub fn drain_target_refusal(target: &DrainTarget, peerings: &[PeeringView]) -> Option<Problem> {
+    let (object, region) = (&target.object, &target.region);
+    if let Some(holder) = &target.holds_copy {
+        return Some((
+            "EtcdHoldsCopy".into(),
+            format!(
+                "spec.etcd reaches an etcd (cluster {:x}) that holds a copy of region {region} mirrored in from elsewhere (recorded by {holder}): it is a peer's etcd, not region {region}'s. Nothing was read or written; point RegistrySchema {object}'s spec.etcd at region {region}'s own etcd, or set spec.region to the region this etcd is the origin of",
+                target.cluster_id
+            ),
+        ));
+    }
+    let norm = |e: &[String]| e.iter().map(|s| s.trim_end_matches('/').to_ascii_lowercase()).collect::<Vec<_>>();
+    let same_etcd = |p: &PeeringView| match p.cluster_id {
+        Some(id) => id == target.cluster_id,
+        None => norm(&p.endpoints).iter().any(|e| norm(&target.endpoints).contains(e)),
+    };
+    let known = |p: &PeeringView| p.cluster_id.is_some() || same_etcd(p);
+    if let Some(other) = peerings.iter().find(|p| p.region != *region && same_etcd(p)) {
+        return Some((
+            "EtcdOfAnotherRegion".into(),
+            format!(
+                "RegistrySchema {object} drains region {region} on etcd cluster {:x} ({:?}), but RegionPeering {} says that etcd is region {}'s origin: nothing was read or written. Set spec.region to {}, or point spec.etcd at region {region}'s own etcd",
+                target.cluster_id, target.endpoints, other.object, other.region, other.region
+            ),
+        ));
+    }
+    let peerings_of_region: Vec<&PeeringView> = peerings.iter().filter(|p| p.region == *region).collect();
+    if !peerings_of_region.is_empty()
+        && peerings_of_region.iter().all(|p| known(p) && !same_etcd(p))
+        && let Some(other) = peerings_of_region.first()
+    {
+        return Some((
+            "NotTheRegionsEtcd".into(),
+            format!(
+                "RegistrySchema {object} drains region {region} on etcd cluster {:x} ({:?}), but RegionPeering {} says region {region}'s origin is etcd {}({:?}): nothing was read or written. Point spec.etcd at {:?}",
+                target.cluster_id,
+                target.endpoints,
+                other.object,
+                other.cluster_id.map(|id| format!("cluster {id:x} ")).unwrap_or_default(),
+                other.endpoints,
+                other.endpoints
+            ),
+        ));
+    }
+    None
 }
 
 #[cfg(test)]
@@ -402,7 +493,24 @@ mod tests {
             endpoints: vec![endpoint.into()],
             created: created.into(),
             cluster_id: None,
+            running: false,
         }
+    }
+
+    #[test]
+    fn the_claim_that_runs_keeps_running_whatever_comes_later() {
+        // Created in the same second; the one whose name sorts last happened to start first.
+        let first = Claim { running: true, ..claim("ns/zz", "a", "http://e:1", "2026-01-01T00:00:00Z") };
+        let second = claim("ns/aa", "a", "http://e:1", "2026-01-01T00:00:00Z");
+        let all = vec![first.clone(), second.clone()];
+        assert_eq!(conflict(&first, &all), None, "the running one keeps running");
+        assert!(conflict(&second, &all).unwrap().contains("ns/zz"));
+        // Even an older claim that comes later does not stop it.
+        let older = claim("ns/old", "a", "http://e:1", "2025-01-01T00:00:00Z");
+        assert_eq!(conflict(&first, &[first.clone(), older.clone()]), None);
+        assert!(conflict(&older, &[first.clone(), older.clone()]).unwrap().contains("ns/zz"));
+        // Neither runs: the oldest, then the name, as before.
+        assert!(conflict(&second, &[Claim { running: false, ..first.clone() }, second.clone()]).is_none());
     }
 
     #[test]
@@ -423,7 +531,18 @@ mod tests {
             endpoints: vec![endpoint.into()],
             legacy_prefix: prefix.into(),
             created: created.into(),
+            running: false,
         }
+    }
+
+    #[test]
+    fn a_running_drain_keeps_its_region_against_a_claim_created_in_the_same_second() {
+        let running =
+            SchemaClaim { running: true, ..schema("ns/zz", "a", "http://e:1", "/r/", "2026-01-01T00:00:00Z") };
+        let later = schema("ns/aa", "a", "http://e:1", "/r/", "2026-01-01T00:00:00Z");
+        let all = vec![running.clone(), later.clone()];
+        assert_eq!(schema_conflict(&running, &all), None);
+        assert!(schema_conflict(&later, &all).unwrap().contains("already drained by ns/zz"));
     }
 
     #[test]
@@ -445,6 +564,44 @@ mod tests {
         let other_etcd = schema("ns/f", "a", "http://f:1", "/old-registry/", "2026-01-02T00:00:00Z");
         assert_eq!(schema_conflict(&other_region, &[first.clone(), other_region.clone()]), None);
         assert_eq!(schema_conflict(&other_etcd, &[first, other_etcd.clone()]), None);
+    }
+
+    fn target(region: &str, holds_copy: Option<&str>) -> DrainTarget {
+        DrainTarget {
+            object: "ns/registry".into(),
+            region: region.into(),
+            endpoints: vec!["http://etcd-a:2379".into()],
+            cluster_id: 0xa,
+            holds_copy: holds_copy.map(String::from),
+        }
+    }
+
+    fn view(object: &str, region: &str, endpoint: &str, cluster_id: Option<u64>) -> PeeringView {
+        PeeringView { object: object.into(), region: region.into(), endpoints: vec![endpoint.into()], cluster_id }
+    }
+
+    #[test]
+    fn a_drain_is_refused_on_an_etcd_that_is_not_its_regions_origin_naming_both() {
+        // Region b on a's etcd, where b's copy lives: the record of the copy says so.
+        let (reason, message) = drain_target_refusal(&target("b", Some("RegionPeering ns/b")), &[]).expect("refused");
+        assert_eq!(reason, "EtcdHoldsCopy");
+        assert!(message.contains("RegionPeering ns/b") && message.contains("spec.etcd"), "{message}");
+        // A RegionPeering says a's etcd is a's: draining b there is refused.
+        let a = view("ns/a", "a", "http://etcd-a:2379/", Some(0xa));
+        let (reason, message) = drain_target_refusal(&target("b", None), std::slice::from_ref(&a)).expect("refused");
+        assert_eq!(reason, "EtcdOfAnotherRegion");
+        assert!(message.contains("ns/a") && message.contains("ns/registry"), "{message}");
+        // Region a, but a RegionPeering says a's origin is another etcd.
+        let elsewhere = view("ns/a", "a", "http://etcd-x:2379", Some(0xf));
+        let (reason, message) = drain_target_refusal(&target("a", None), &[elsewhere]).expect("refused");
+        assert_eq!(reason, "NotTheRegionsEtcd");
+        assert!(message.contains("etcd-x") && message.contains("etcd-a"), "{message}");
+        // The region's own etcd, by id or by URL; or no RegionPeering at all: drained.
+        assert_eq!(drain_target_refusal(&target("a", None), &[a]), None);
+        assert_eq!(drain_target_refusal(&target("a", None), &[view("ns/a", "a", "http://etcd-a:2379", None)]), None);
+        assert_eq!(drain_target_refusal(&target("a", None), &[]), None);
+        // Not known (another URL, its id not seen yet): not refused on a guess.
+        assert_eq!(drain_target_refusal(&target("a", None), &[view("ns/a", "a", "http://10.0.0.7:2379", None)]), None);
     }
 
     #[test]

@@ -40,6 +40,12 @@ struct Running {
     fingerprint: u64,
     /// The configuration it runs on, as a person names it.
     applied: Applied,
+    /// The local etcd it mirrors from: while a change of `spec.localEtcd` is held, the inbound
+    /// view and the claim on the region stay with the etcd the workers actually read.
+    local: Access,
+    /// The peer it writes, with the credentials it writes with: deletion retires the copy with
+    /// them even when the namespace's deletion took the Secret first.
+    peer: Access,
     handle: MirrorHandle,
     events: tokio::task::JoinHandle<()>,
 }
@@ -105,6 +111,30 @@ impl Context {
         use futures::FutureExt;
         let stores = self.stores.lock().expect("store lock").clone();
         !stores.is_empty() && stores.iter().all(|s| s.wait_until_ready().now_or_never().is_some_and(|r| r.is_ok()))
+    }
+
+    /// What every RegionPeering this leader serves says of its region's origin etcd (with its
+    /// cluster id once seen); None until every watched namespace has been listed.
+    pub fn peering_views(&self) -> Option<Vec<plan::PeeringView>> {
+        if !self.stores_ready() {
+            return None;
+        }
+        let stores = self.stores.lock().expect("store lock").clone();
+        let ids = self.cluster_ids.lock().expect("lock").clone();
+        let views = stores
+            .iter()
+            .flat_map(|s| s.state())
+            .map(|rp| {
+                let object = object_key(&rp);
+                plan::PeeringView {
+                    cluster_id: ids.get(&object).copied(),
+                    object,
+                    region: rp.spec.region.clone(),
+                    endpoints: rp.spec.local_etcd.endpoints.clone(),
+                }
+            })
+            .collect();
+        Some(views)
     }
 
     /// Stops every worker (leadership lost, or shutdown). Nothing is revoked: the mirrors stay on
@@ -218,6 +248,9 @@ async fn cleanup(rp: Arc<RegionPeering>, ctx: Arc<Context>) -> Result<Action, Er
     let key = object_key(&rp);
     let namespace = rp.namespace().unwrap_or_default();
     let workers = ctx.workers.lock().expect("workers lock").remove(&key).unwrap_or_default();
+    // The credentials the workers wrote with: a namespace's deletion removes its Secrets first.
+    let mut writing: BTreeMap<String, Access> =
+        workers.iter().map(|(peer, running)| (peer.clone(), running.peer.clone())).collect();
     for (peer, running) in workers {
         ctx.stop_worker(&key, &peer, running).await;
     }
@@ -236,7 +269,11 @@ async fn cleanup(rp: Arc<RegionPeering>, ctx: Arc<Context>) -> Result<Action, Er
     // Only what this object owns is retired: a refused duplicate's deletion touches nothing.
     let object = owning_object(&ctx, &rp);
     for peer in &spec.peers {
-        let outcome = match resolve(&ctx, &namespace, &peer.connection()).await {
+        let access = match writing.remove(&peer.region) {
+            Some(access) => Ok(access),
+            None => resolve(&ctx, &namespace, &peer.connection()).await,
+        };
+        let outcome = match access {
             Err(e) => Err(anyhow::anyhow!("{e}")),
             Ok(access) => {
                 let retiring = mirror::retire::retire(&access.target, &spec.region, policy, &object);
@@ -289,7 +326,7 @@ async fn apply(rp: Arc<RegionPeering>, ctx: Arc<Context>) -> Result<Action, Erro
     let held = explain_held(&ctx, &rp.spec, &key, &decision.held, &read.peers);
     act(&ctx, &rp, &key, &decision, &held, read.peers).await;
     let problems = Problems { conflict: read.facts.conflict, config_errors: decision.config_errors, held };
-    report(&ctx, &rp, &key, &read.local, problems).await?;
+    report(&ctx, &rp, &key, &read.running_local, problems).await?;
     ctx.failures.lock().expect("lock").remove(&key);
     Ok(Action::requeue(ctx.settings.refresh_interval))
 }
@@ -305,8 +342,9 @@ async fn announce_leadership(ctx: &Context, rp: &RegionPeering, key: &str) {
 /// What a reconcile read: the facts for the decision, and the accesses its actions use.
 struct Read {
     facts: plan::Facts,
-    /// The local etcd's access, or why it cannot be built.
-    local: Result<Access, AccessError>,
+    /// The access of the local etcd the workers read (the spec's while none runs), or why it
+    /// cannot be built.
+    running_local: Result<Access, AccessError>,
     /// Each resolved peer's (worker fingerprint, local access, peer access).
     peers: BTreeMap<String, (u64, Access, Access)>,
 }
@@ -317,8 +355,16 @@ async fn read(ctx: &Context, rp: &RegionPeering, key: &str) -> Read {
     let namespace = rp.namespace().unwrap_or_default();
     let spec = &rp.spec;
     let local = resolve(ctx, &namespace, &spec.local_etcd).await;
+    // The etcd the workers read (the spec's until they run: a change of it waits for its trial).
+    let running_local = ctx
+        .workers
+        .lock()
+        .expect("workers lock")
+        .get(key)
+        .and_then(|w| w.values().next().map(|r| r.local.clone()))
+        .map_or_else(|| local.clone(), Ok);
     // Claims compare etcd cluster ids once they are known.
-    if let Ok(local_access) = &local
+    if let Ok(local_access) = &running_local
         && let Some(id) = local_cluster_id(ctx, key, local_access).await
     {
         ctx.cluster_ids.lock().expect("lock").insert(key.to_string(), id);
@@ -384,7 +430,7 @@ async fn read(ctx: &Context, rp: &RegionPeering, key: &str) -> Read {
         trials: trials.collect(),
         running,
     };
-    Read { facts, local, peers }
+    Read { facts, running_local, peers }
 }
 
 /// Tries a peer's configuration beside its running worker (if any).
@@ -543,13 +589,23 @@ pub const FIELD_MANAGER: &str = "aether-operator";
 
 fn claim(ctx: &Context, rp: &RegionPeering) -> Claim {
     let object = object_key(rp);
+    let has_workers = ctx.workers.lock().expect("workers lock").get(&object).is_some_and(|w| !w.is_empty());
     Claim {
         cluster_id: ctx.cluster_ids.lock().expect("lock").get(&object).copied(),
+        running: has_workers || ran(rp),
         object,
         region: rp.spec.region.clone(),
         endpoints: rp.spec.local_etcd.endpoints.clone(),
         created: rp.metadata.creation_timestamp.as_ref().map(|t| t.0.to_string()).unwrap_or_default(),
     }
+}
+
+/// Whether the object's status says its workers ran and were not refused as a duplicate claim
+/// (what a new leader, which runs nothing yet, knows of who was running).
+fn ran(rp: &RegionPeering) -> bool {
+    let Some(status) = &rp.status else { return false };
+    let refused = status.conditions.iter().any(|c| c.type_ == status::CONFLICT && c.status == "True");
+    !refused && status.peers.iter().any(|p| p.phase != mirror::Phase::Stopped.as_str())
 }
 
 /// Everything that, when changed, restarts a worker.
@@ -629,6 +685,7 @@ fn mirror_config(spec: &RegionPeeringSpec, peer: &str, owner: &str, shares: Shar
     c.max_request_bytes = spec.sync.max_request_bytes.max(65536) as usize;
     c.watch_linger = Duration::from_millis(spec.sync.watch_linger_milliseconds.clamp(0, 1000) as u64);
     c.acceptable_pause = Duration::from_secs(spec.failure_detector.effective_pause_seconds(&spec.lease) as u64);
+    c.max_resync_delete_percent = spec.sync.max_resync_delete_percent.clamp(0, 100) as u8;
     c
 }
 
@@ -656,6 +713,7 @@ fn start_worker(
     config.object = Some(owning_object(ctx, rp));
     let (tx, mut rx) = tokio::sync::mpsc::channel::<MirrorEvent>(256);
     let applied = Applied::of(&rp.spec, &local.described, &remote.described);
+    let (local_access, peer_access) = (local.clone(), remote.clone());
     let handle = mirror::spawn(config, local.target, remote.target, tx);
     let reference = rp.object_ref(&());
     let (ctx2, region, peer_name) = (ctx.clone(), rp.spec.region.clone(), peer.to_string());
@@ -673,12 +731,10 @@ fn start_worker(
         }
     });
     info!(object = key, peer, "mirror worker started");
-    ctx.workers
-        .lock()
-        .expect("workers lock")
-        .entry(key.to_string())
-        .or_default()
-        .insert(peer.to_string(), Running { fingerprint, applied, handle, events });
+    ctx.workers.lock().expect("workers lock").entry(key.to_string()).or_default().insert(
+        peer.to_string(),
+        Running { fingerprint, applied, local: local_access, peer: peer_access, handle, events },
+    );
 }
 
 /// A mirror event as a Kubernetes Event: type, reason and a note naming region and peer.

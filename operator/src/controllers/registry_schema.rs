@@ -33,17 +33,25 @@ pub struct Context {
     client: kube::Client,
     settings: ControllerSettings,
     metrics: Arc<Metrics>,
+    /// The RegionPeerings this leader serves: which etcd each says its region's origin is.
+    peerings: Arc<super::region_peering::Context>,
     drains: Mutex<HashMap<String, RunningDrain>>,
     /// One store per watched namespace (or one for all): claims look at every RegistrySchema.
     stores: Mutex<Vec<Store<RegistrySchema>>>,
 }
 
 impl Context {
-    pub fn new(client: kube::Client, settings: ControllerSettings, metrics: Arc<Metrics>) -> Arc<Self> {
+    pub fn new(
+        client: kube::Client,
+        settings: ControllerSettings,
+        metrics: Arc<Metrics>,
+        peerings: Arc<super::region_peering::Context>,
+    ) -> Arc<Self> {
         Arc::new(Context {
             client,
             settings,
             metrics,
+            peerings,
             drains: Mutex::new(HashMap::new()),
             stores: Mutex::new(Vec::new()),
         })
@@ -56,7 +64,7 @@ impl Context {
         for store in &stores {
             let _ = store.wait_until_ready().await;
         }
-        stores.iter().flat_map(|s| s.state()).map(|rs| claim(&rs)).collect()
+        stores.iter().flat_map(|s| s.state()).map(|rs| claim(self, &rs)).collect()
     }
 
     /// A new term of the controllers begins: the stores of the last one are gone.
@@ -195,7 +203,7 @@ async fn apply(rs: Arc<RegistrySchema>, ctx: Arc<Context>) -> Result<Action, Err
     };
     // Decide: an older RegistrySchema migrating this region of this etcd drains; this one
     // drains nothing (its running drain stops) and says whose it is.
-    if let Some(message) = schema_conflict(&claim(&rs), &ctx.claims().await) {
+    if let Some(message) = schema_conflict(&claim(&ctx, &rs), &ctx.claims().await) {
         if let Some(running) = ctx.drains.lock().expect("lock").remove(&key) {
             running.cancel.cancel();
             warn!(object = %key, %message, "drain refused");
@@ -208,6 +216,17 @@ async fn apply(rs: Arc<RegistrySchema>, ctx: Arc<Context>) -> Result<Action, Err
     let fingerprint = drain_fingerprint(spec, target.fingerprint);
     let restart = ctx.drains.lock().expect("lock").get(&key).is_none_or(|d| d.fingerprint != fingerprint);
     if restart {
+        // Before anything is read or written: the etcd must be the region's origin.
+        if let Some((reason, message)) = check_target(&ctx, &rs, &key, &target).await {
+            if let Some(running) = ctx.drains.lock().expect("lock").remove(&key) {
+                running.cancel.cancel();
+            }
+            warn!(object = %key, reason, %message, "drain refused");
+            let status = failed_status(&previous, rs.metadata.generation, &reason, &message);
+            write_status(&ctx, &rs, &previous, status).await?;
+            ctx.metrics.record_drain_phase(&spec.region, DrainPhase::Failed);
+            return Ok(Action::requeue(Duration::from_secs(10)));
+        }
         let settings = drain_settings(spec, &key, &ctx.settings.identity);
         start_drain(&ctx, &key, fingerprint, settings, target.target);
     }
@@ -229,10 +248,63 @@ async fn apply(rs: Arc<RegistrySchema>, ctx: Arc<Context>) -> Result<Action, Err
 /// same etcd.
 pub const SCHEMA_CLAIMED: &str = "SchemaClaimed";
 
-/// `rs`'s claim on its region's legacy keys.
-fn claim(rs: &RegistrySchema) -> SchemaClaim {
+/// The reasons a RegistrySchema drains nothing for: another claim comes first, or its etcd is
+/// not its region's origin.
+const REFUSALS: [&str; 4] = [SCHEMA_CLAIMED, "EtcdHoldsCopy", "EtcdOfAnotherRegion", "NotTheRegionsEtcd"];
+
+/// Why the drain may not run on its etcd (`plan::drain_target_refusal`), or that it could not be
+/// told (the etcd does not answer, the RegionPeerings are not listed yet): (reason, message).
+async fn check_target(
+    ctx: &Context,
+    rs: &RegistrySchema,
+    key: &str,
+    access: &super::etcd_access::Access,
+) -> Option<(String, String)> {
+    let Some(peerings) = ctx.peerings.peering_views() else {
+        return Some(("NotChecked".into(), "waiting for the RegionPeerings to be listed before draining".into()));
+    };
+    let timeout = Duration::from_secs(10);
+    let read = async {
+        let client = access.target.connect().await.map_err(|e| e.classified())?;
+        let owner = crate::keys::owner_key(&rs.spec.region);
+        let resp =
+            crate::mirror::target::kv(&client).get(owner, None).await.map_err(|e| access.target.classify(&e, None))?;
+        Ok::<_, crate::mirror::problem::Classified>(resp)
+    };
+    let resp = match tokio::time::timeout(timeout, read).await {
+        Ok(Ok(resp)) => resp,
+        Ok(Err(c)) => return Some((c.problem.reason().into(), format!("spec.etcd: {}", c.message))),
+        Err(_) => return Some(("Unreachable".into(), format!("spec.etcd: no answer within {timeout:?}"))),
+    };
+    let holds_copy = resp.kvs().first().map(|kv| {
+        crate::mirror::records::checkpoint::Owner::decode(kv.value())
+            .map(|o| o.object.as_ref().map_or(o.owner.clone(), |obj| obj.describe()))
+            .unwrap_or_else(|| "an unreadable owner record".into())
+            .chars()
+            .take(200)
+            .collect()
+    });
+    let target = super::plan::DrainTarget {
+        object: key.to_string(),
+        region: rs.spec.region.clone(),
+        endpoints: rs.spec.etcd.endpoints.clone(),
+        cluster_id: resp.header().map_or(0, |h| h.cluster_id()),
+        holds_copy,
+    };
+    super::plan::drain_target_refusal(&target, &peerings)
+}
+
+/// `rs`'s claim on its region's legacy keys. It runs when its drain runs here, or its status says
+/// it started and was not refused (what a new leader knows).
+fn claim(ctx: &Context, rs: &RegistrySchema) -> SchemaClaim {
+    let object = format!("{}/{}", rs.namespace().unwrap_or_default(), rs.name_any());
+    let started = rs.status.as_ref().is_some_and(|s| {
+        let refused = s.conditions.iter().any(|c| c.type_ == "Ready" && REFUSALS.contains(&c.reason.as_str()));
+        s.started_time.is_some() && !refused
+    });
     SchemaClaim {
-        object: format!("{}/{}", rs.namespace().unwrap_or_default(), rs.name_any()),
+        running: started || ctx.drains.lock().expect("lock").contains_key(&object),
+        object,
         region: rs.spec.region.clone(),
         endpoints: rs.spec.etcd.endpoints.clone(),
         legacy_prefix: rs.spec.legacy_prefix.clone(),

@@ -174,6 +174,9 @@ fn ready(f: &Facts) -> Verdict {
     if let Some(refusal) = refused(f) {
         return verdict(false, refusal.reason, refusal.message.clone());
     }
+    if let Some((peer, held)) = held(f) {
+        return verdict(false, held.reason, format!("{peer}: {}", held.message));
+    }
     if let Some(h) = obs.peers.iter().find(|h| h.phase == Phase::Fenced) {
         return verdict(
             false,
@@ -238,6 +241,17 @@ fn refused<'a>(f: &Facts<'a>) -> Option<&'a crate::mirror::Refusal> {
         .iter()
         .filter(|h| h.phase == Phase::Refused && spec.peers.iter().any(|p| p.region == h.peer))
         .find_map(|h| h.refusal.as_ref())
+        .filter(|_| f.running)
+}
+
+/// The first peer whose worker holds what comes next for a person (a resync that would delete
+/// most of the copy, a local etcd holding a copy of this region), and what it says.
+fn held<'a>(f: &Facts<'a>) -> Option<(&'a str, &'a crate::mirror::Refusal)> {
+    f.obs
+        .peers
+        .iter()
+        .filter(|h| h.phase == Phase::Held && f.obs.spec.peers.iter().any(|p| p.region == h.peer))
+        .find_map(|h| h.refusal.as_ref().map(|r| (h.peer.as_str(), r)))
         .filter(|_| f.running)
 }
 

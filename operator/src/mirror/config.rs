@@ -8,6 +8,9 @@ use std::time::Duration;
 /// endpoints is compared in a second with one peer, and in 15 with 15.
 pub const DEFAULT_VERIFY_KEYS_PER_SECOND: u64 = 1_000;
 
+/// The CRD's default `spec.sync.maxResyncDeletePercent`.
+pub const DEFAULT_MAX_RESYNC_DELETE_PERCENT: u8 = 50;
+
 /// Settings of one worker.
 #[derive(Clone, Debug)]
 pub struct MirrorConfig {
@@ -67,6 +70,10 @@ pub struct MirrorConfig {
     pub watch_linger: Duration,
     /// Shards per part of a checkpoint too large to be one record (`checkpoint::SHARDS_PER_PART`).
     pub checkpoint_shards_per_part: usize,
+    /// The most of a live copy, in percent, that a full sync from an origin the records do not
+    /// vouch for (replaced, restored, or not the one the copy came from) deletes without a person
+    /// raising it (`spec.sync.maxResyncDeletePercent`); 100 never holds.
+    pub max_resync_delete_percent: u8,
 }
 
 impl MirrorConfig {
@@ -100,6 +107,7 @@ impl MirrorConfig {
             sync_slots: Arc::default(),
             watch_linger: super::plan::WATCH_LINGER,
             checkpoint_shards_per_part: super::records::checkpoint::SHARDS_PER_PART,
+            max_resync_delete_percent: DEFAULT_MAX_RESYNC_DELETE_PERCENT,
         }
     }
 }

@@ -19,6 +19,10 @@ pub enum Phase {
     Retired,
     /// The worker writes nothing: its claim on the peer is refused (see `PeerHealth::refusal`).
     Refused,
+    /// The worker writes nothing but keeps the copy's leases alive: what it would do next is held
+    /// for a person (a resync that would delete most of the copy, a local etcd that holds a copy
+    /// of this region); `PeerHealth::refusal` says what and how to go on.
+    Held,
     Stopped,
 }
 
@@ -34,11 +38,12 @@ impl Phase {
             Phase::Fenced => "Fenced",
             Phase::Retired => "Retired",
             Phase::Refused => "Refused",
+            Phase::Held => "Held",
             Phase::Stopped => "Stopped",
         }
     }
 
-    pub const ALL: [Phase; 10] = [
+    pub const ALL: [Phase; 11] = [
         Phase::Connecting,
         Phase::Queued,
         Phase::Syncing,
@@ -48,6 +53,7 @@ impl Phase {
         Phase::Fenced,
         Phase::Retired,
         Phase::Refused,
+        Phase::Held,
         Phase::Stopped,
     ];
 }

@@ -41,7 +41,7 @@ pub mod trial;
 pub mod verify;
 pub mod worker;
 
-pub use config::{DEFAULT_VERIFY_KEYS_PER_SECOND, MirrorConfig};
+pub use config::{DEFAULT_MAX_RESYNC_DELETE_PERCENT, DEFAULT_VERIFY_KEYS_PER_SECOND, MirrorConfig};
 pub use health::{MirrorEvent, PeerHealth, Phase, Refusal, RenewalShortfall, ResyncCause};
 pub use records::checkpoint::OwningObject;
 pub use sync_slots::{FULL_SYNCS_AT_ONCE, SyncSlots};

@@ -12,7 +12,7 @@ use super::plan::Oversized;
 use super::records::checkpoint::{Owner, Progress, SENT_UNKNOWN};
 use super::records::resume::{
     Claimant, Contest, OriginStatus, OwnerDecision, Ownership, decide_contest, decide_ownership, decide_resume,
-    granted_under_another_ttl, onto_new_leases, peer_is_origin,
+    granted_under_another_ttl, local_holds_copy, onto_new_leases, peer_is_origin,
 };
 use super::records::store::{Records, read_records};
 use super::streams::spread::Spread;
@@ -33,6 +33,8 @@ pub(super) enum SessionEnd {
     Retired(String),
     /// The claim on the peer is refused: nothing was kept alive or written.
     Refused(Refusal),
+    /// What comes next waits for a person: nothing was written, the recorded leases stay kept.
+    Held(Refusal),
 }
 
 /// The leases kept alive from the records before anything else.
@@ -113,9 +115,17 @@ impl Worker {
         if origin.cluster_id == records.cluster_id && self.is_the_origin(&local, &peer).await {
             return Ok(SessionEnd::Refused(peer_is_origin(&claimant, &self.config.origin, records.cluster_id)));
         }
+        // Before anything of the origin is read: an etcd holding a copy of this region is a
+        // peer's, and what it lacks would be deleted everywhere. The copy is kept alive meanwhile.
+        if let Some(holder) = self.local_holds_copy(&local).await? {
+            return Ok(SessionEnd::Held(local_holds_copy(&self.config.origin, &holder)));
+        }
         state.lease_cap = crate::mirror::plan::lease_cap(self.config.max_keys_per_lease, state.auth_binds);
         let taking = Taking { generation, origin, kept, first_session };
-        state.sync_turn = self.take_ownership(state, &peer, &records, taking).await?;
+        state.sync_turn = match self.take_ownership(state, &local, &peer, &records, taking).await? {
+            Ok(slot) => slot,
+            Err(held) => return Ok(SessionEnd::Held(held)),
+        };
         self.sync_and_watch(state, &mut local, &mut peer, &mut spread, lost_rx, backoff).await
     }
 
@@ -184,10 +194,11 @@ impl Worker {
     async fn take_ownership(
         &self,
         state: &mut State,
+        local: &Client,
         peer: &Client,
         records: &Records,
         taking: Taking,
-    ) -> anyhow::Result<Option<SyncSlot>> {
+    ) -> anyhow::Result<Result<Option<SyncSlot>, Refusal>> {
         let Taking { generation, origin, kept, first_session } = taking;
         // Whether each lease is alive, from the peer's answers to the renewals.
         let ttl = Duration::from_secs(self.config.lease_ttl_seconds.max(1) as u64);
@@ -218,6 +229,12 @@ impl Worker {
                 revision = origin.revision,
                 "the origin etcd was restored or replaced; full sync"
             );
+        }
+        if let Some(cause) = resume.resync
+            && let Some(held) = self.resync_held(cause, local, peer).await?
+        {
+            warn!(reason = held.reason, message = %held.message, "a full sync would delete most of the copy; held");
+            return Ok(Err(held));
         }
         let slot = match resume.resync {
             Some(cause) => Some(self.sync_slot(cause).await),
@@ -266,7 +283,51 @@ impl Worker {
             h.leases = leases;
             h.synced = synced;
         });
-        Ok(slot)
+        Ok(Ok(slot))
+    }
+
+    /// Whether a full sync of `cause` would delete more of the peer's live copy than the spec
+    /// lets it without a person (`records::resume::resync_held`): counts both sides first.
+    async fn resync_held(&self, cause: ResyncCause, local: &Client, peer: &Client) -> anyhow::Result<Option<Refusal>> {
+        let prefix = keys::region_prefix(&self.config.origin);
+        let count = GetOptions::new().with_prefix().with_count_only();
+        let copy = self
+            .rpc("count the peer's copy", crate::mirror::target::kv(peer).get(prefix.as_str(), Some(count.clone())))
+            .await?;
+        if copy.count() == 0 {
+            return Ok(None);
+        }
+        let origin = self
+            .rpc("count the origin's keys", crate::mirror::target::kv(local).get(prefix.as_str(), Some(count)))
+            .await?;
+        Ok(crate::mirror::records::resume::resync_held(
+            cause,
+            origin.count(),
+            copy.count(),
+            self.config.max_resync_delete_percent,
+            &self.config.origin,
+            &self.config.peer,
+        ))
+    }
+
+    /// Who recorded a copy of this region in the local etcd, if it holds one (a user that may not
+    /// read the records cannot tell, and nothing is held on a guess).
+    async fn local_holds_copy(&self, local: &Client) -> anyhow::Result<Option<String>> {
+        let key = keys::owner_key(&self.config.origin);
+        let read = tokio::time::timeout(self.config.rpc_timeout, crate::mirror::target::kv(local).get(key, None)).await;
+        match read {
+            Ok(Ok(resp)) => Ok(resp.kvs().first().map(|kv| {
+                Owner::decode(kv.value())
+                    .map(|o| o.object.as_ref().map_or(o.owner.clone(), |obj| obj.describe()))
+                    .unwrap_or_else(|| "an unreadable owner record".into())
+                    .chars()
+                    .take(200)
+                    .collect()
+            })),
+            Ok(Err(e)) if e.to_string().contains("permission denied") => Ok(None),
+            Ok(Err(e)) => Err(anyhow::Error::new(e).context("reading the local etcd's records")),
+            Err(_) => anyhow::bail!("reading the local etcd's records: timed out after {:?}", self.config.rpc_timeout),
+        }
     }
 
     /// A turn at a full sync among the origin's workers: at once when one is free, otherwise

@@ -132,6 +132,11 @@ impl Worker {
                         break;
                     }
                 }
+                Ok(SessionEnd::Held(held)) => {
+                    if !self.held(held).await {
+                        break;
+                    }
+                }
                 Ok(SessionEnd::Fenced(by)) => {
                     warn!(%by, "fenced: another worker owns this mirror now; this one stops writing and stands by");
                     self.shared.update(|h| {
@@ -230,6 +235,25 @@ impl Worker {
             h.phase = Phase::Refused;
             h.synced = false;
             h.refusal = Some(refusal);
+        });
+        tokio::select! {
+            _ = self.cancel.cancelled() => false,
+            _ = tokio::time::sleep(self.config.keepalive_interval) => true,
+        }
+    }
+
+    /// What comes next waits for a person: reports it (an event when it is new), keeps renewing
+    /// the leases the session kept, writes nothing, and looks again after a keepalive interval.
+    /// False when the worker is stopped meanwhile.
+    async fn held(&self, held: Refusal) -> bool {
+        let new = self.shared.health.borrow().refusal.as_ref() != Some(&held);
+        if new {
+            warn!(reason = held.reason, message = %held.message, "held for a person; the copy is kept alive");
+            self.shared.emit(MirrorEvent::Refused(held.clone()));
+        }
+        self.shared.update(|h| {
+            h.phase = Phase::Held;
+            h.refusal = Some(held);
         });
         tokio::select! {
             _ = self.cancel.cancelled() => false,

@@ -263,6 +263,46 @@ pub fn decide_resume(
     }
 }
 
+/// A full sync the records do not vouch for (the origin replaced or restored, no records of the
+/// copy, records lost) that would delete more than `max_percent` of a live copy waits for a
+/// person: an origin etcd that is not the one the copy came from (a `spec.localEtcd` pointing at
+/// a new, empty etcd, or a restore from long ago), mirrored as it is, would empty the region on
+/// every peer. It deletes at least `copy - origin` keys. None when the sync may go on.
+pub fn resync_held(
+    cause: ResyncCause,
+    origin_keys: i64,
+    copy_keys: i64,
+    max_percent: u8,
+    origin: &str,
+    peer: &str,
+) -> Option<Refusal> {
+    let vouched = !matches!(cause, ResyncCause::OriginChanged | ResyncCause::Initial | ResyncCause::RecordsLost);
+    let deletes = copy_keys.saturating_sub(origin_keys);
+    if vouched || copy_keys <= 0 || deletes.saturating_mul(100) <= i64::from(max_percent).saturating_mul(copy_keys) {
+        return None;
+    }
+    Some(Refusal {
+        reason: "ResyncWouldDelete",
+        message: format!(
+            "a full sync ({}) from the origin etcd as it is now would delete at least {deletes} of the {copy_keys} keys of region {origin}'s copy on peer {peer} ({}%, more than spec.sync.maxResyncDeletePercent = {max_percent}). Nothing was written; the copy is kept alive as it is. If the origin was restored or replaced on purpose, raise spec.sync.maxResyncDeletePercent to 100 until the sync is done; if spec.localEtcd points at the wrong etcd, point it back",
+            cause.as_str(),
+            deletes * 100 / copy_keys
+        ),
+    })
+}
+
+/// The local etcd holds a copy of the origin's region mirrored in from elsewhere (`holder`
+/// recorded it): it is a peer's etcd, and mirroring from it would mirror a copy, and delete what
+/// it lacks, everywhere. The worker keeps the copy it has alive and reads nothing.
+pub fn local_holds_copy(origin: &str, holder: &str) -> Refusal {
+    Refusal {
+        reason: "LocalEtcdHoldsCopy",
+        message: format!(
+            "spec.localEtcd reaches an etcd that holds a copy of region {origin} mirrored in from elsewhere (recorded by {holder}): it is a peer's etcd, not region {origin}'s. Nothing was read or written; the copies are kept alive as they are. Point spec.localEtcd back at region {origin}'s own etcd"
+        ),
+    }
+}
+
 /// Whether any live recorded lease was granted under another TTL than `configured`: `granted[i]`
 /// is what the peer's answers said of lease i (None: not known), `alive[i]` whether it lives.
 pub fn granted_under_another_ttl(
@@ -294,6 +334,30 @@ pub fn onto_new_leases(mut resume: Resume) -> Resume {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_resync_the_records_do_not_vouch_for_waits_before_deleting_most_of_a_live_copy() {
+        let held = |cause, origin, copy, max| resync_held(cause, origin, copy, max, "a", "b");
+        // An empty origin etcd in place of the one the copy came from: held, saying how to go on.
+        let refusal = held(ResyncCause::OriginChanged, 0, 500, 50).expect("held");
+        assert_eq!(refusal.reason, "ResyncWouldDelete");
+        for said in ["500 of the 500 keys", "100%", "spec.sync.maxResyncDeletePercent = 50", "spec.localEtcd"] {
+            assert!(refusal.message.contains(said), "{said:?} missing from {}", refusal.message);
+        }
+        assert!(held(ResyncCause::Initial, 10, 500, 50).is_some(), "no records to vouch for the origin");
+        assert!(held(ResyncCause::RecordsLost, 10, 500, 50).is_some());
+        // A restore from minutes ago deletes little; raised to 100, nothing is held.
+        assert_eq!(held(ResyncCause::OriginChanged, 480, 500, 50), None);
+        assert_eq!(held(ResyncCause::OriginChanged, 0, 500, 100), None);
+        assert_eq!(held(ResyncCause::OriginChanged, 250, 500, 50), None, "exactly the bound may go");
+        // An empty copy has nothing to lose; resyncs the records vouch for are the origin's own deletes.
+        assert_eq!(held(ResyncCause::OriginChanged, 0, 0, 50), None);
+        for vouched in
+            [ResyncCause::Compacted, ResyncCause::LeaseLost, ResyncCause::Reshard, ResyncCause::LeaseTtlChanged]
+        {
+            assert_eq!(held(vouched, 0, 500, 50), None, "{vouched:?}");
+        }
+    }
 
     #[test]
     fn leases_of_another_ttl_move_the_copy_onto_new_ones_kept_alive_meanwhile() {
