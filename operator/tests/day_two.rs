@@ -547,3 +547,95 @@ async fn records_besides_the_tombstone(peer: &Client) -> i64 {
     assert!(tombstone, "the owner record is a retirement's tombstone");
     records.kvs().iter().filter(|kv| kv.key() != owner.as_bytes()).count() as i64
 }
+
+/// Sleeps until 100 ms past the next whole second: two objects created from then on within
+/// 800 ms share their creation second.
+async fn at_the_start_of_a_second() {
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    let into = Duration::from_nanos(u64::from(now.subsec_nanos()));
+    tokio::time::sleep(Duration::from_millis(1_100) - into).await; // to the next second's start
+}
+
+fn created(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> String {
+    meta.creation_timestamp.as_ref().map(|t| t.0.to_string()).unwrap_or_default()
+}
+
+#[tokio::test]
+async fn of_two_region_peerings_created_in_one_second_the_one_that_runs_keeps_running_and_no_key_lapses() {
+    let (apiserver, a, b) =
+        tokio::try_join!(KubeApiserver::start("twice"), EtcdServer::start("twice-a"), EtcdServer::start("twice-b"))
+            .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let client = prepare(&apiserver).await;
+    put_endpoints(&a, "a", 300).await;
+    let _operator = start_operator(&apiserver, dir.path(), "operator-twice", free_port());
+    let api: Api<RegionPeering> = Api::namespaced(client.clone(), NS);
+    // "zz" starts first; "aa", created in the same second, sorts before it.
+    at_the_start_of_a_second().await;
+    create_json(&client, NS, peering("zz", "a", &a, &[("b", &b)])).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await; // zz's reconcile runs: it starts
+    create_json(&client, NS, peering("aa", "a", &a, &[("b", &b)])).await.unwrap();
+    let (zz, aa) = (api.get("zz").await.unwrap(), api.get("aa").await.unwrap());
+    assert_eq!(created(&zz.metadata), created(&aa.metadata), "not created in one second: the test proves nothing");
+
+    let running = wait_condition(&api, "zz", "Ready", "True", None).await;
+    let refused = wait_condition(&api, "aa", "Conflict", "True", Some("RegionClaimed")).await;
+    assert!(condition(&refused, "Conflict").unwrap().2.contains("fed/zz"));
+    let uid = running.metadata.uid.clone().unwrap();
+    let b_reader = Client::connect([b.endpoint()], None).await.unwrap();
+    let deletes = support::etcd::count_peer_deletes(&b_reader, "a").await;
+    // Three TTLs (6 s): the copy whole at every read, zz owning it on the peer throughout.
+    let held = Instant::now();
+    while held.elapsed() < Duration::from_secs(18) {
+        assert_eq!(copy_of(&b_reader, "a").await, 300, "a's copy on b went short");
+        let owner = b_reader.clone().get(aether_operator::keys::owner_key("a"), None).await.unwrap();
+        let object = owner
+            .kvs()
+            .first()
+            .and_then(|kv| aether_operator::mirror::records::checkpoint::Owner::decode(kv.value()))
+            .and_then(|o| o.object);
+        assert_eq!(object.map(|o| o.uid), Some(uid.clone()), "the mirror on b changed hands");
+        assert_eq!(condition(&api.get("zz").await.unwrap(), "Ready").unwrap().0, "True", "the running one stopped");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(deletes.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn of_two_registry_schemas_created_in_one_second_the_running_drain_keeps_running() {
+    let (apiserver, a) = tokio::try_join!(KubeApiserver::start("twodrains"), EtcdServer::start("twodrains-a")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let client = prepare(&apiserver).await;
+    put_legacy(&a, "a", 400).await;
+    let _operator = start_operator(&apiserver, dir.path(), "operator-twodrains", free_port());
+    let schemas: Api<aether_operator::api::RegistrySchema> = Api::namespaced(client.clone(), NS);
+    let slow = |name: &str| {
+        let mut s = registry_schema(name, "a", &a);
+        s["spec"]["drain"]["rateLimitPerSecond"] = serde_json::json!(100);
+        s
+    };
+    at_the_start_of_a_second().await;
+    create_json(&client, NS, slow("zz")).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await; // zz's drain starts
+    create_json(&client, NS, slow("aa")).await.unwrap();
+    let (zz, aa) = (schemas.get("zz").await.unwrap(), schemas.get("aa").await.unwrap());
+    assert_eq!(created(&zz.metadata), created(&aa.metadata), "not created in one second: the test proves nothing");
+
+    let message = schema_refused(&schemas, "aa", "SchemaClaimed").await;
+    assert!(message.contains("fed/zz"), "{message}");
+    // zz, which ran first, is never refused on the way to completing the drain.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let zz = schemas.get("zz").await.unwrap();
+        let status = zz.status.unwrap_or_default();
+        let ready = status.conditions.iter().find(|c| c.type_ == "Ready");
+        assert!(ready.is_none_or(|c| c.reason != "SchemaClaimed"), "the running drain was refused: {ready:?}");
+        if status.phase.as_deref() == Some("Complete") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "zz did not complete: {status:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(count_prefix(&a, "/aether/services/").await, 0);
+    assert_eq!(count_prefix(&a, &aether_operator::keys::cluster_prefix("a", "c1")).await, 400);
+}

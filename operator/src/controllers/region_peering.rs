@@ -73,6 +73,9 @@ pub struct Context {
     budgets: Mutex<HashMap<String, Shares>>,
     /// Each peer's configuration tried before a worker runs on it.
     trials: Trials,
+    /// Reconciles run one at a time: a claim decided for one object (its trials started) is seen
+    /// by the next, so two objects claiming a region never both start.
+    serial: tokio::sync::Mutex<()>,
     /// Warnings published lately: (object, reason, note) -> when.
     warned: Mutex<HashMap<(String, String, String), Instant>>,
 }
@@ -95,6 +98,7 @@ impl Context {
             cluster_ids: Mutex::new(HashMap::new()),
             budgets: Mutex::new(HashMap::new()),
             trials: Trials::default(),
+            serial: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -227,6 +231,7 @@ fn object_key(rp: &RegionPeering) -> String {
 
 async fn reconcile(rp: Arc<RegionPeering>, ctx: Arc<Context>) -> Result<Action, Error> {
     use kube::runtime::finalizer::{Event, finalizer};
+    let _serial = ctx.serial.lock().await;
     let api: Api<RegionPeering> = Api::namespaced(ctx.client.clone(), &rp.namespace().unwrap_or_default());
     let started = Instant::now();
     let result = finalizer(&api, FINALIZER, rp, |event| async {
@@ -322,6 +327,10 @@ async fn apply(rp: Arc<RegionPeering>, ctx: Arc<Context>) -> Result<Action, Erro
     sweep_deleted(&ctx).await;
     announce_leadership(&ctx, &rp, &key).await;
     let read = read(&ctx, &rp, &key).await;
+    if read.facts.conflict.is_some() || rp.spec.suspend {
+        // Decided not to run: nothing of it is on its way to run either.
+        ctx.trials.forget_object(&key);
+    }
     let decision = plan::decide(&read.facts);
     let held = explain_held(&ctx, &rp.spec, &key, &decision.held, &read.peers);
     act(&ctx, &rp, &key, &decision, &held, read.peers).await;
@@ -592,7 +601,8 @@ fn claim(ctx: &Context, rp: &RegionPeering) -> Claim {
     let has_workers = ctx.workers.lock().expect("workers lock").get(&object).is_some_and(|w| !w.is_empty());
     Claim {
         cluster_id: ctx.cluster_ids.lock().expect("lock").get(&object).copied(),
-        running: has_workers || ran(rp),
+        // Workers, or trials on their way to become workers: it was decided to run.
+        running: has_workers || ctx.trials.has_object(&object) || ran(rp),
         object,
         region: rp.spec.region.clone(),
         endpoints: rp.spec.local_etcd.endpoints.clone(),

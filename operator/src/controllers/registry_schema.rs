@@ -38,6 +38,8 @@ pub struct Context {
     drains: Mutex<HashMap<String, RunningDrain>>,
     /// One store per watched namespace (or one for all): claims look at every RegistrySchema.
     stores: Mutex<Vec<Store<RegistrySchema>>>,
+    /// Reconciles run one at a time: a drain started for one object is seen by the next.
+    serial: tokio::sync::Mutex<()>,
 }
 
 impl Context {
@@ -54,6 +56,7 @@ impl Context {
             peerings,
             drains: Mutex::new(HashMap::new()),
             stores: Mutex::new(Vec::new()),
+            serial: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -153,6 +156,7 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>, stop: Cancellatio
 
 async fn reconcile(rs: Arc<RegistrySchema>, ctx: Arc<Context>) -> Result<Action, Error> {
     use kube::runtime::finalizer::{Event, finalizer};
+    let _serial = ctx.serial.lock().await;
     let api: Api<RegistrySchema> = Api::namespaced(ctx.client.clone(), &rs.namespace().unwrap_or_default());
     let started = std::time::Instant::now();
     let result = finalizer(&api, FINALIZER, rs, |event| async {
@@ -231,13 +235,12 @@ async fn apply(rs: Arc<RegistrySchema>, ctx: Arc<Context>) -> Result<Action, Err
         start_drain(&ctx, &key, fingerprint, settings, target.target);
     }
 
-    let (report, error) = {
+    let progress = {
         let drains = ctx.drains.lock().expect("lock");
-        let d = drains.get(&key).expect("started above");
-        let report = d.progress.borrow().clone();
-        let error = d.error.lock().expect("lock").clone();
-        (report, error)
+        drains.get(&key).map(|d| (d.progress.borrow().clone(), d.error.lock().expect("lock").clone()))
     };
+    // Stopped since by the sweeper (the object was deleted meanwhile): nothing to report.
+    let Some((report, error)) = progress else { return Ok(Action::requeue(Duration::from_secs(1))) };
     record_metrics(&ctx.metrics, &spec.region, &report);
     let status = status_from(&previous, rs.metadata.generation, &report, error.as_deref());
     write_status(&ctx, &rs, &previous, status).await?;

@@ -112,6 +112,11 @@ impl Trials {
         self.runs().remove(&(object.to_string(), peer.to_string()));
     }
 
+    /// Whether any of the object's peers is being tried: it was decided to run.
+    pub fn has_object(&self, object: &str) -> bool {
+        self.runs().keys().any(|(o, _)| o == object)
+    }
+
     pub fn forget_object(&self, object: &str) {
         self.runs().retain(|(o, _), _| o != object);
     }
