@@ -36,9 +36,13 @@ if [[ $kind == 1 ]]; then
 fi
 trap '[[ -n $kind_prep ]] && kill "$kind_prep" 2>/dev/null' EXIT
 
+# The previous release's operator, for the upgrade test: built once from its commit (cached), here,
+# before anything runs: its build shares target/ and links target/debug/aether-operator again.
+hack/previous-release.sh >/dev/null || failed_early=1
 "$cargo" test --workspace --no-run --quiet || exit 1
 took "build the tests"
 failed=()
+[[ -n ${failed_early:-} ]] && failed+=("the previous release's build (hack/previous-release.sh)")
 # The overload test at the fault tests' settings (a TTL of 6 s) runs here, alone in its binary:
 # beside the soak tests, the etcd 3.4 pass and the kind e2e it once lost leases, at a load
 # nothing else here reproduced. Its soak at the defaults runs beside the soak tests below.
@@ -52,19 +56,26 @@ took "make image"
 
 soak_log=$(mktemp -t aether-soak.XXXXXX)
 overload_log=$(mktemp -t aether-overload.XXXXXX)
+day_two_log=$(mktemp -t aether-day-two.XXXXXX)
 started=$SECONDS
 "$cargo" test -p aether-operator --test soak -- --ignored --test-threads=7 >"$soak_log" 2>&1 &
 soak=$!
+# The day-two scenarios at the CRD defaults (control-plane outages, bad changes held for three
+# TTLs): the operator binary against real API servers, mostly waiting.
+"$cargo" test -p aether-operator --test day_two -- --ignored --test-threads=3 >"$day_two_log" 2>&1 &
+day_two=$!
 # Its own process beside them (the test binaries of one cargo run run one after another): the
 # overload soak at the defaults.
 "$cargo" test -p aether-operator --test overload -- --ignored >"$overload_log" 2>&1 &
 overload=$!
-trap 'kill "$soak" "$overload" 2>/dev/null; [[ -n $kind_prep ]] && kill "$kind_prep" 2>/dev/null' EXIT
+trap 'kill "$soak" "$overload" "$day_two" 2>/dev/null; [[ -n $kind_prep ]] && kill "$kind_prep" 2>/dev/null' EXIT
 
 "$make" test-etcd34 || failed+=("the etcd 3.4 pass")
 took "the etcd 3.4 pass (beside the soak tests)"
 "$make" e2e || failed+=("e2e")
 took "e2e (beside the soak tests)"
+"$cargo" test -p aether-e2e --test upgrade || failed+=("the upgrade from the previous release and the rollback")
+took "the upgrade and rollback test (beside the soak tests)"
 if $image_built; then
   "$cargo" test -p aether-e2e --test image || failed+=("the image's test")
 fi
@@ -97,11 +108,14 @@ fi
 if ! wait "$overload"; then
   failed+=("the overload soak")
 fi
+if ! wait "$day_two"; then
+  failed+=("the day-two scenarios at the defaults")
+fi
 took "the soak tests' rest"
 trap - EXIT
 echo "--- soak tests ($((SECONDS - started)) s) ---"
-cat "$soak_log" "$overload_log"
-rm -f "$soak_log" "$overload_log"
+cat "$soak_log" "$overload_log" "$day_two_log"
+rm -f "$soak_log" "$overload_log" "$day_two_log"
 echo "--- wall time by phase (${SECONDS} s in all) ---"
 printf '  %s\n' "${timings[@]}"
 

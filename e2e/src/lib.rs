@@ -113,11 +113,16 @@ impl Federation {
 
     /// Starts one more operator replica in `region`.
     pub fn start_operator(&mut self, region: &str) -> anyhow::Result<()> {
+        self.start_operator_from(region, &operator_binary()?)
+    }
+
+    /// Starts one more operator replica in `region` from `binary` (another release's, say).
+    pub fn start_operator_from(&mut self, region: &str, binary: &Path) -> anyhow::Result<()> {
         let index = self.operators.get(region).map_or(0, Vec::len);
         let name = format!("{region}-operator-{index}");
         let metrics_port = free_port();
         let kubeconfig = self.region(region).apiserver.kubeconfig().to_path_buf();
-        let mut cmd = Command::new(operator_binary()?);
+        let mut cmd = Command::new(binary);
         cmd.arg("run")
             .arg("--kubeconfig")
             .arg(kubeconfig)
@@ -127,6 +132,15 @@ impl Federation {
         let process = ManagedProcess::spawn(&name, cmd, &self.dir.path().join(format!("{name}.log")))?;
         self.operators.entry(region.to_string()).or_default().push(Operator { name, metrics_port, process });
         Ok(())
+    }
+
+    /// A clean stop of one operator (by name): SIGTERM, as a rolling update sends, then its exit.
+    pub fn stop_operator(&mut self, name: &str) {
+        for ops in self.operators.values_mut() {
+            if let Some(op) = ops.iter_mut().find(|o| o.name == name) {
+                op.process.terminate();
+            }
+        }
     }
 
     /// kill -9 of one operator (by name).
