@@ -75,6 +75,11 @@ pub struct ControllerLabels {
     pub controller: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub outcome: String,
+}
+
 type FloatGauge = Gauge<f64, AtomicU64>;
 
 /// Registers `metric` under `name` and hands it back.
@@ -275,6 +280,7 @@ impl DrainMetrics {
 pub struct OperatorMetrics {
     pub leader: Gauge,
     pub headless: Gauge,
+    pub token_reviews: Family<OutcomeLabels, Counter>,
     pub reconcile_errors: Family<ControllerLabels, Counter>,
     pub reconcile_duration: Family<ControllerLabels, Histogram>,
     pub status_patches: Family<RegionLabels, Counter>,
@@ -290,6 +296,12 @@ impl OperatorMetrics {
                 "leader_headless",
                 "1 while this instance's mirror workers keep renewing without the Kubernetes API server confirming its leadership",
                 Gauge::default(),
+            ),
+            token_reviews: add(
+                r,
+                "token_reviews",
+                "Bearer tokens of callers of the secure metrics port reviewed with the API server, by outcome (throttled: not reviewed, too many unknown tokens lately)",
+                Family::default(),
             ),
             reconcile_errors: add(r, "reconcile_errors", "Reconciles that failed, by controller", Family::default()),
             reconcile_duration: add(
@@ -502,6 +514,11 @@ impl Metrics {
         }
     }
 
+    /// Counts a caller's token reviewed (or throttled) by the secure metrics port.
+    pub fn token_reviewed(&self, outcome: &str) {
+        self.operator.token_reviews.get_or_create(&OutcomeLabels { outcome: outcome.to_string() }).inc();
+    }
+
     /// Counts a status patch of `region`'s RegionPeering.
     pub fn status_patched(&self, region: &str) {
         self.operator.status_patches.get_or_create(&RegionLabels { region: region.to_string() }).inc();
@@ -577,6 +594,7 @@ mod tests {
         m.reconciled("regionpeering", std::time::Duration::from_millis(3), false);
         m.advance_drain(DrainLabels { region: "a".into(), outcome: "copied".into() }, 5);
         m.record_drain_phase("a", crate::drain::DrainPhase::Copying);
+        m.token_reviewed("allowed");
         let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/operating.md")).unwrap();
         let documented: std::collections::BTreeSet<String> = docs
             .lines()

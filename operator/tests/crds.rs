@@ -79,6 +79,11 @@ async fn crds_install_validate_and_print() -> anyhow::Result<()> {
             "spec.peers[1]",
         ),
         (
+            "a peer that is the local etcd spelled with a trailing slash",
+            with(valid_spec(), &["peers"], json!([{"region": "b", "endpoints": ["http://127.0.0.1:2379/"]}])),
+            "spec.peers",
+        ),
+        (
             "peer name not a DNS label",
             with(valid_spec(), &["peers"], json!([{"region": "-b", "endpoints": ["http://x:1"]}])),
             "spec.peers[0].region",

@@ -616,7 +616,7 @@ async fn a_peer_restored_from_a_backup_is_repaired() {
 }
 
 #[tokio::test]
-async fn an_origin_restored_from_a_backup_is_mirrored_as_restored() {
+async fn an_origin_restored_from_a_backup_is_mirrored_as_restored_unless_that_deletes_most_of_the_copy() {
     let (mut origin, peer) =
         tokio::try_join!(EtcdServer::start_with("a", EtcdFlavor::Default, &[]), EtcdServer::start("b")).unwrap();
     let mut o = connect(&[origin.endpoint()], None).await;
@@ -626,16 +626,47 @@ async fn an_origin_restored_from_a_backup_is_mirrored_as_restored() {
     let dir = tempfile::tempdir().unwrap();
     let backup = dir.path().join("origin.db");
     origin.snapshot_save(&backup).unwrap();
-    // Many revisions after the backup, so that the restored origin's revision is far behind.
-    write_keys(&mut o, "a", 300..2300, "after-backup").await;
+    // Many revisions after the backup, so that the restored origin's revision is far behind; the
+    // restore loses a quarter of the keys.
+    for round in 0..20 {
+        write_keys(&mut o, "a", 300..400, &format!("after-backup-{round}")).await;
+    }
     let p = connect(&[peer.endpoint()], None).await;
     converged(&o, &p, "a", DEADLINE).await;
 
     // Restored without --bump-revision: its revisions start over below what the mirror applied.
+    // A quarter of the copy to delete is within the bound: mirrored as restored.
     origin.restore(&backup, None).await.unwrap();
     let mut o = connect(&[origin.endpoint()], None).await;
     write_keys(&mut o, "a", 5000..5010, "after-restore").await;
     converged(&o, &p, "a", DEADLINE).await;
+
+    // The region grows to 2,310 keys; restored again to the 300 of the backup, mirroring it would
+    // delete 87 % of the copy: held, the copy kept alive as it is, until the bound is raised.
+    write_keys(&mut o, "a", 400..2400, "grown").await;
+    converged(&o, &p, "a", DEADLINE).await;
+    let count = |p: &etcd_client::Client| {
+        let mut p = p.clone();
+        async move {
+            let options = etcd_client::GetOptions::new().with_prefix().with_count_only();
+            p.get(aether_operator::keys::region_prefix("a"), Some(options)).await.unwrap().count()
+        }
+    };
+    let grown = count(&p).await;
+    origin.restore(&backup, None).await.unwrap();
+    wait_health(&handle, "the resync held", |h| {
+        h.phase == Phase::Held && h.refusal.as_ref().is_some_and(|r| r.reason == "ResyncWouldDelete")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3 * config("x").lease_ttl_seconds as u64)).await; // three TTLs held
+    assert_eq!(count(&p).await, grown, "the held copy lapsed or shrank");
+    handle.shutdown().await;
+    let mut acknowledged = config("w2");
+    acknowledged.max_resync_delete_percent = 100;
+    let (handle, _e) = start_between(acknowledged, &origin, &peer);
+    let o = connect(&[origin.endpoint()], None).await;
+    converged(&o, &p, "a", DEADLINE).await;
+    assert_eq!(count(&p).await, 300);
     handle.shutdown().await;
 }
 

@@ -4,10 +4,12 @@ mod support;
 
 use aether_harness::{EtcdServer, KubeApiserver, Pki, free_port, tool_path, wait_until};
 use aether_operator::api::RegionPeering;
+use futures::StreamExt;
 use kube::api::{Api, PostParams};
 use serde::Deserialize;
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 use support::operator::*;
 use support::*;
 
@@ -300,4 +302,187 @@ async fn doctor_checks_a_least_privilege_mtls_peer_and_says_what_to_do() {
     let connect = found(&findings, "peer d", "connect");
     assert_eq!(connect[0]["level"], "Fail", "{findings:#?}");
     assert!(connect[0]["action"].as_str().unwrap().contains("endpoints"));
+}
+
+/// The resident memory of a process, in bytes.
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let kb: u64 = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    kb * 1024
+}
+
+/// A TLS connection to the operator's port, trusting `ca`.
+async fn tls_to(port: u16, ca: &Path) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    use rustls_pki_types::pem::PemObject;
+    let mut roots = tokio_rustls::rustls::RootCertStore::empty();
+    for cert in rustls_pki_types::CertificateDer::pem_file_iter(ca).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let config = tokio_rustls::rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        tokio_rustls::rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    connector.connect(rustls_pki_types::ServerName::try_from("localhost").unwrap(), tcp).await
+}
+
+/// One GET of /metrics with `token`, over its own connection; the status line, or "" when the
+/// connection ended without an answer.
+async fn get_with_token(port: u16, ca: &Path, token: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut s) = tls_to(port, ca).await else { return String::new() };
+    let request =
+        format!("GET /metrics HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n");
+    if s.write_all(request.as_bytes()).await.is_err() {
+        return String::new();
+    }
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut answer)).await;
+    String::from_utf8_lossy(&answer).lines().next().unwrap_or_default().to_string()
+}
+
+fn random_token(bytes: usize) -> String {
+    (0..bytes).map(|_| char::from(b'a' + rand::random::<u8>() % 26)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_huge_and_unknown_tokens_and_stalled_handshakes_leaves_memory_bounded_and_the_region_ready() {
+    let (apiserver, a, b) =
+        tokio::try_join!(KubeApiserver::start("flood"), EtcdServer::start("flood-a"), EtcdServer::start("flood-b"))
+            .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let client = prepare(&apiserver).await;
+    for file in ["config/rbac/metrics_auth_role.yaml", "config/rbac/metrics_reader_role.yaml"] {
+        kubectl(&apiserver, &["apply", "-f", repo(file).to_str().unwrap()]);
+    }
+    kubectl(&apiserver, &["create", "serviceaccount", "scraper", "-n", "aether-system"]);
+    kubectl(
+        &apiserver,
+        &[
+            "create",
+            "clusterrolebinding",
+            "scraper-reads-metrics",
+            "--clusterrole=aether-operator-metrics-reader",
+            "--serviceaccount=aether-system:scraper",
+        ],
+    );
+    let pki = Pki::new(dir.path()).unwrap();
+    let served = pki.server("metrics").unwrap();
+    let certs = dir.path().join("metrics-certs");
+    std::fs::create_dir_all(&certs).unwrap();
+    std::fs::copy(&served.cert, certs.join("tls.crt")).unwrap();
+    std::fs::copy(&served.key, certs.join("tls.key")).unwrap();
+    put_endpoints(&a, "a", 300).await;
+    let port = free_port();
+    let kubeconfig = service_account_kubeconfig(&apiserver, "aether-system", "aether-operator", "op");
+    let operator = start_operator_as(
+        &kubeconfig,
+        dir.path(),
+        "op",
+        port,
+        NS,
+        &["--metrics-secure", "--metrics-cert-dir", certs.to_str().unwrap()],
+    );
+    let pid = operator.pid().unwrap();
+    let ca = pki.ca_cert.clone();
+    wait_healthy(port, Some(&ca)).await;
+    let api: Api<RegionPeering> = Api::namespaced(client.clone(), NS);
+    create_json(&client, NS, peering("a", "a", &a, &[("b", &b)])).await.unwrap();
+    wait_condition(&api, "a", "Ready", "True", None).await;
+    let scraper = service_account_token(&apiserver, "aether-system", "scraper");
+    let reviews = |body: &str, outcome: &str| -> u64 {
+        let series = format!("aether_federation_token_reviews_total{{outcome=\"{outcome}\"}} ");
+        body.lines().find_map(|l| l.strip_prefix(series.as_str())).and_then(|v| v.parse().ok()).unwrap_or(0)
+    };
+    let before = get_https(port, Some(&ca), Some(&scraper), "/metrics").await.unwrap();
+    let baseline = rss(pid);
+
+    // Meanwhile: the region must stay Ready and its copy whole, and the memory is sampled.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watching = {
+        let (api, stop) = (api.clone(), stop.clone());
+        let b = etcd_client::Client::connect([b.endpoint()], None).await.unwrap();
+        tokio::spawn(async move {
+            let (mut polls, mut not_ready, mut short, mut peak) = (0, 0, 0, 0u64);
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                peak = peak.max(rss(pid));
+                let ready =
+                    api.get("a").await.ok().and_then(|rp| condition(&rp, "Ready")).is_some_and(|c| c.0 == "True");
+                let options = etcd_client::GetOptions::new().with_prefix().with_count_only();
+                let copy =
+                    b.clone().get(aether_operator::keys::region_prefix("a"), Some(options)).await.unwrap().count();
+                polls += 1;
+                not_ready += usize::from(!ready);
+                short += usize::from(copy != 300);
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            (polls, not_ready, short, peak)
+        })
+    };
+
+    // 400 connections that start a TLS record and never finish it.
+    let mut stalled = Vec::new();
+    for _ in 0..400 {
+        if let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+            use tokio::io::AsyncWriteExt;
+            let _ = s.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03]).await;
+            stalled.push(s);
+        }
+    }
+    // 1,200 requests each with its own random 256 KiB token, then 1,000 with random 2 KiB ones,
+    // 16 at a time.
+    let attack = std::time::Instant::now();
+    let huge = futures::stream::iter(0..1200)
+        .map(|_| {
+            let ca = ca.clone();
+            async move { get_with_token(port, &ca, &random_token(256 * 1024)).await }
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<String>>()
+        .await;
+    let unknown = futures::stream::iter(0..1000)
+        .map(|_| {
+            let ca = ca.clone();
+            async move { get_with_token(port, &ca, &random_token(2048)).await }
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<String>>()
+        .await;
+    let lasted = attack.elapsed();
+    drop(stalled);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (polls, not_ready, short, peak) = watching.await.unwrap();
+    let after = get_https(port, Some(&ca), Some(&scraper), "/metrics").await.expect("the scraper still scrapes");
+
+    let statuses = |answers: &[String]| {
+        let mut by: std::collections::BTreeMap<String, usize> = Default::default();
+        for a in answers {
+            *by.entry(a.split_whitespace().nth(1).unwrap_or("none").to_string()).or_default() += 1;
+        }
+        by
+    };
+    let reviewed = reviews(&after, "unauthenticated") - reviews(&before, "unauthenticated");
+    eprintln!(
+        "flood of {lasted:?}: huge tokens {:?}, unknown tokens {:?}; {reviewed} reviews; RSS {} -> peak {} MiB; {polls} polls",
+        statuses(&huge),
+        statuses(&unknown),
+        baseline >> 20,
+        peak >> 20
+    );
+    assert_eq!((not_ready, short), (0, 0), "the region was not Ready, or its copy short, during the flood");
+    assert!(peak.saturating_sub(baseline) < 48 << 20, "RSS grew {} MiB under the flood", (peak - baseline) >> 20);
+    // No review for a token past the bound; unknown tokens reviewed at the bounded rate.
+    let budget = 20.0 + 10.0 * lasted.as_secs_f64() + 5.0;
+    assert!((reviewed as f64) <= budget, "{reviewed} reviews of unknown tokens in {lasted:?} (bound {budget:.0})");
+    assert!(statuses(&huge).keys().all(|s| s != "200"), "a huge token was served");
 }

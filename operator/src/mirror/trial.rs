@@ -139,6 +139,16 @@ pub fn judge(config: &MirrorConfig, local: &LocalFindings, peer: &PeerFindings) 
                 super::records::resume::Contest::DuplicatePeer { .. } => true,
                 super::records::resume::Contest::DuplicateOrigin { .. } => peer.contested_alive != Some(false),
             };
+            if let (true, super::records::resume::Contest::DuplicatePeer { other_peer }) = (live, contest) {
+                // Whether the edit or the list is wrong, the peer named here is the one to fix.
+                return Verdict::refused(
+                    "DuplicatePeer",
+                    format!(
+                        "spec.peers[{name}] reaches the etcd (cluster {:x}) region {origin} already mirrors into as peer {other_peer}: one etcd is never mirrored into under two names, and nothing is written as {name}. Point spec.peers[{name}].endpoints at region {name}'s etcd",
+                        peer.cluster_id
+                    ),
+                );
+            }
             if live {
                 let claimant = Claimant { owner_id: &config.owner_id, object: config.object.as_ref(), peer: name };
                 let refusal = contest.refusal(&claimant, origin, peer.cluster_id, config.lease_ttl_seconds);

@@ -7,25 +7,29 @@
 //! /debug/doctor/<namespace>/<name> runs `doctor`'s checks of that RegionPeering from here: with
 //! the operator's network, identity and credentials, which is what the mirror uses
 //! (`aether-operator doctor --in-cluster`).
+//!
+//! What reaches the port is bounded: connections, handshakes, heads and lifetimes (`listener`),
+//! and the tokens' cost to the API server (`authorize`).
+mod authorize;
+mod listener;
+
+pub use authorize::{Decision, MAX_TOKEN_BYTES};
+pub use listener::MAX_CONNECTIONS;
+
 use crate::metrics::Metrics;
+use authorize::Authorizer;
 use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
-use k8s_openapi::api::authorization::v1::{NonResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-use tokio::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
-use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
@@ -77,83 +81,6 @@ impl ServerIdentity {
     }
 }
 
-/// The outcome of checking a scraper's token.
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Decision {
-    Allowed,
-    Unauthenticated,
-    Forbidden(String),
-}
-
-/// Asks the API server who a token is and whether it may read /metrics; answers are kept for a
-/// few seconds so a scrape costs no API call most of the time.
-struct Authorizer {
-    client: kube::Client,
-    cache: Mutex<HashMap<Asked, (Instant, Decision)>>,
-}
-
-/// A token and the non-resource URL it asked for.
-type Asked = (String, &'static str);
-
-const DECISION_TTL: Duration = Duration::from_secs(10);
-const DECISION_CACHE_ENTRIES: usize = 1024;
-
-impl Authorizer {
-    /// Whether `token` may `get` the non-resource URL `path`.
-    async fn decide(&self, token: &str, path: &'static str) -> Result<Decision, kube::Error> {
-        let key = (token.to_string(), path);
-        if let Some((at, decision)) = self.cache.lock().expect("not poisoned").get(&key)
-            && at.elapsed() < DECISION_TTL
-        {
-            return Ok(decision.clone());
-        }
-        let decision = self.ask(token, path).await?;
-        let mut cache = self.cache.lock().expect("not poisoned");
-        if cache.len() >= DECISION_CACHE_ENTRIES {
-            cache.clear();
-        }
-        cache.insert(key, (Instant::now(), decision.clone()));
-        Ok(decision)
-    }
-
-    async fn ask(&self, token: &str, path: &'static str) -> Result<Decision, kube::Error> {
-        let review = TokenReview {
-            spec: TokenReviewSpec { token: Some(token.to_string()), ..Default::default() },
-            ..Default::default()
-        };
-        let reviewed = Api::<TokenReview>::all(self.client.clone()).create(&PostParams::default(), &review).await?;
-        let Some(status) = reviewed.status.filter(|s| s.authenticated == Some(true)) else {
-            return Ok(Decision::Unauthenticated);
-        };
-        let user = status.user.unwrap_or_default();
-        let access = SubjectAccessReview {
-            spec: SubjectAccessReviewSpec {
-                user: user.username.clone(),
-                uid: user.uid,
-                groups: user.groups,
-                extra: user.extra,
-                non_resource_attributes: Some(NonResourceAttributes {
-                    path: Some(path.into()),
-                    verb: Some("get".into()),
-                }),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        let reviewed =
-            Api::<SubjectAccessReview>::all(self.client.clone()).create(&PostParams::default(), &access).await?;
-        let allowed = reviewed.status.as_ref().is_some_and(|s| s.allowed);
-        Ok(if allowed {
-            Decision::Allowed
-        } else {
-            Decision::Forbidden(format!(
-                "{} may not get {path} (bind it to the metrics reader ClusterRole)",
-                user.username.unwrap_or_default()
-            ))
-        })
-    }
-}
-
 #[derive(Clone)]
 struct AppState {
     metrics: Arc<Metrics>,
@@ -179,6 +106,10 @@ async fn refused(state: &AppState, headers: &HeaderMap, path: &'static str) -> O
     match authorizer.decide(token, path).await {
         Ok(Decision::Allowed) => None,
         Ok(Decision::Unauthenticated) => Some((StatusCode::UNAUTHORIZED, "the token is not valid\n").into_response()),
+        Ok(Decision::Throttled) => Some(
+            (StatusCode::TOO_MANY_REQUESTS, [(header::RETRY_AFTER, "1")], "too many unknown tokens lately; retry\n")
+                .into_response(),
+        ),
         Ok(Decision::Forbidden(why)) => {
             debug!(%why, path, "request refused");
             Some((StatusCode::FORBIDDEN, format!("{why}\n")).into_response())
@@ -247,7 +178,7 @@ pub async fn serve(
     let (tls, authorizer) = match access {
         MetricsAccess::Open => (None, None),
         MetricsAccess::Secure { identity, client } => {
-            (Some(identity.acceptor()?), Some(Arc::new(Authorizer { client, cache: Mutex::new(HashMap::new()) })))
+            (Some(identity.acceptor()?), Some(Arc::new(Authorizer::new(client, metrics.clone()))))
         }
     };
     let (client, identity) = doctor.map_or((None, String::new()), |(c, i)| (Some(c), i));
@@ -258,81 +189,7 @@ pub async fn serve(
         .route("/readyz", get(|| async { "ok" }))
         .with_state(AppState { metrics, authorizer, client, identity });
     let listener = TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("binding {addr}: {e}"))?;
-    let stopped = async move { shutdown.cancelled().await };
-    Ok(match tls {
-        None => tokio::spawn(async move {
-            let _ = axum::serve(listener, app).with_graceful_shutdown(stopped).await;
-        }),
-        Some(acceptor) => {
-            let listener = TlsListener::start(listener, acceptor)?;
-            tokio::spawn(async move {
-                let _ = axum::serve(listener, app).with_graceful_shutdown(stopped).await;
-            })
-        }
-    })
-}
-
-/// Connections whose TLS handshake completed. Handshakes run in their own tasks (with a
-/// deadline), so a slow or silent client never holds up the others.
-struct TlsListener {
-    ready: tokio::sync::mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
-    local: SocketAddr,
-    accepting: tokio::task::JoinHandle<()>,
-}
-
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-impl TlsListener {
-    fn start(listener: TcpListener, acceptor: TlsAcceptor) -> anyhow::Result<Self> {
-        let local = listener.local_addr()?;
-        let (tx, ready) = tokio::sync::mpsc::channel(64);
-        let accepting = tokio::spawn(async move {
-            loop {
-                let (stream, peer) = match listener.accept().await {
-                    Ok(accepted) => accepted,
-                    Err(e) => {
-                        debug!(error = %e, "accepting a metrics connection");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let (acceptor, tx) = (acceptor.clone(), tx.clone());
-                tokio::spawn(async move {
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                        Ok(Ok(tls)) => {
-                            let _ = tx.send((tls, peer)).await;
-                        }
-                        Ok(Err(e)) => debug!(%peer, error = %e, "metrics TLS handshake failed"),
-                        Err(_) => debug!(%peer, "metrics TLS handshake timed out"),
-                    }
-                });
-            }
-        });
-        Ok(TlsListener { ready, local, accepting })
-    }
-}
-
-impl Drop for TlsListener {
-    fn drop(&mut self) {
-        self.accepting.abort();
-    }
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.ready.recv().await {
-            Some(connection) => connection,
-            // The accepting task ended (it only does when aborted): nothing more will come.
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(self.local)
-    }
+    Ok(tokio::spawn(listener::serve(listener, tls, app, shutdown)))
 }
 
 #[cfg(test)]
@@ -372,7 +229,7 @@ mod tests {
         .unwrap();
         let get = |path: &'static str| async move {
             use tokio::io::{AsyncReadExt, AsyncWriteExt};
-            let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+            let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
             s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes()).await.unwrap();
             let mut response = String::new();
             s.read_to_string(&mut response).await.unwrap();
