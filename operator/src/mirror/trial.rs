@@ -296,33 +296,15 @@ async fn gather_peer(
 /// Txn; None when the credentials may not list them (a least-privilege mirror user) or the etcd
 /// does not answer.
 async fn own_regions(client: &Client, timeout: Duration) -> Option<Vec<String>> {
-    let mut kv = crate::mirror::target::kv(client);
-    let root = keys::V1_REGIONS_ROOT.as_bytes();
-    let end = keys::prefix_range_end(root);
-    let mut from = root.to_vec();
-    let mut found: Vec<String> = Vec::new();
-    while found.len() < MAX_REGIONS_LISTED {
-        let options = GetOptions::new().with_range(end.clone()).with_keys_only().with_limit(1);
-        let resp = tokio::time::timeout(timeout, kv.get(from.clone(), Some(options))).await.ok()?.ok()?;
-        let Some(first) = resp.kvs().first() else { break };
-        match keys::region_of(first.key()).filter(|r| keys::is_dns_label(r)) {
-            Some(region) => {
-                from = keys::prefix_range_end(keys::region_prefix(region).as_bytes());
-                found.push(region.to_string());
-            }
-            None => {
-                // Not a region's key: step past it.
-                from = first.key().to_vec();
-                from.push(0);
-            }
-        }
-    }
+    let mut local = client.clone();
+    let listing = super::inbound::names_under(&mut local, keys::V1_REGIONS_ROOT, MAX_REGIONS_LISTED);
+    let found = tokio::time::timeout(timeout, listing).await.ok()?.ok()?;
     if found.is_empty() {
         return Some(found);
     }
     let reads = found.iter().map(|r| TxnOp::get(keys::owner_key(r), Some(GetOptions::new().with_count_only())));
-    let resp =
-        tokio::time::timeout(timeout, kv.txn(Txn::new().and_then(reads.collect::<Vec<_>>()))).await.ok()?.ok()?;
+    let txn = Txn::new().and_then(reads.collect::<Vec<_>>());
+    let resp = tokio::time::timeout(timeout, crate::mirror::target::kv(client).txn(txn)).await.ok()?.ok()?;
     let copies: Vec<bool> =
         resp.op_responses().into_iter().map(|r| matches!(r, TxnOpResponse::Get(g) if g.count() > 0)).collect();
     Some(found.into_iter().zip(copies).filter(|(_, copy)| !copy).map(|(r, _)| r).collect())

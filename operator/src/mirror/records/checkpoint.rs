@@ -163,6 +163,18 @@ impl Checkpoint {
     }
 }
 
+/// The first lease ids of a checkpoint whose header was read, with its first part when it keeps
+/// its layout in parts: enough to tell whether its owner still renews, without reading the rest.
+pub fn first_leases(header: &Checkpoint, first_part: Option<&[u8]>) -> Vec<i64> {
+    match (&header.parts, first_part) {
+        (None, _) => header.leases.iter().copied().take(8).collect(),
+        (Some(_), Some(bytes)) => {
+            serde_json::from_slice::<Part>(bytes).map(|p| p.leases.into_iter().take(8).collect()).unwrap_or_default()
+        }
+        (Some(_), None) => Vec::new(),
+    }
+}
+
 /// Shards per part of a layout kept in parts, by default: about 13 KB each, so that a split
 /// rewrites one or two parts, not the whole layout. A layout this small or smaller is recorded
 /// whole.
