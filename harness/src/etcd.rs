@@ -235,6 +235,11 @@ impl EtcdServer {
         self.process.as_ref().is_some_and(|p| p.is_running())
     }
 
+    /// The member's Prometheus exposition (its metrics listener), if it answers.
+    pub fn metrics(&self) -> Option<String> {
+        http_get(self.metrics_port, "/metrics")
+    }
+
     /// Whether this member leads its cluster now (from its metrics).
     pub fn is_leader(&self) -> bool {
         self.is_running()

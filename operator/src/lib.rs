@@ -16,3 +16,4 @@ pub mod manifests;
 pub mod metrics;
 pub mod mirror;
 pub mod preflight;
+pub mod supervise;

@@ -304,6 +304,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         format!("{}-{:04x}", if host.is_empty() { "aether-operator" } else { &host }, rand::random::<u16>())
     });
     let metrics = Arc::new(Metrics::default());
+    let supervision = aether_operator::supervise::Supervision::new(metrics.clone());
     let shutdown = CancellationToken::new();
     let access = if args.metrics_secure {
         let identity = match &args.metrics_cert_dir {
@@ -315,8 +316,15 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         aether_operator::http::MetricsAccess::Open
     };
     let doctor = Some((client.clone(), identity.clone()));
-    let server =
-        aether_operator::http::serve(&args.metrics_addr, access, metrics.clone(), doctor, shutdown.clone()).await?;
+    let server = aether_operator::http::serve(
+        &args.metrics_addr,
+        access,
+        metrics.clone(),
+        supervision.clone(),
+        doctor,
+        shutdown.clone(),
+    )
+    .await?;
     info!(identity = %identity, addr = %args.metrics_addr, "aether-operator starting");
 
     let signal = shutdown.clone();
@@ -346,7 +354,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     // The workers outlive a term of the controllers: a leader that loses sight of the API server
     // keeps renewing (leader.rs), and leads again over the same workers when it comes back.
-    let peering = region_peering::Context::new(client.clone(), settings.clone(), metrics.clone());
+    let peering = region_peering::Context::new(client.clone(), settings.clone(), metrics.clone(), supervision.clone());
     let schema = aether_operator::controllers::registry_schema::Context::new(
         client.clone(),
         settings.clone(),
@@ -355,16 +363,28 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     );
     let lead = |term: CancellationToken| {
         let (peering, schema, namespaces) = (peering.clone(), schema.clone(), namespaces.clone());
+        let supervision = supervision.clone();
         async move {
             peering.new_term();
             schema.new_term();
+            // Supervised: a controller that panicked runs again (a new watch, a fresh store).
             let mut controllers = Vec::new();
             for ns in namespaces {
-                controllers.push(tokio::spawn(region_peering::run(peering.clone(), ns.clone(), term.clone())));
-                controllers.push(tokio::spawn(aether_operator::controllers::registry_schema::run(
-                    schema.clone(),
-                    ns,
-                    term.clone(),
+                let (peering, schema, term, supervision) =
+                    (peering.clone(), schema.clone(), term.clone(), supervision.clone());
+                let ns2 = ns.clone();
+                let term2 = term.clone();
+                controllers.push(tokio::spawn(aether_operator::supervise::supervised(
+                    "controller",
+                    supervision.clone(),
+                    move || region_peering::run(peering.clone(), ns.clone(), term.clone()),
+                )));
+                controllers.push(tokio::spawn(aether_operator::supervise::supervised(
+                    "controller",
+                    supervision,
+                    move || {
+                        aether_operator::controllers::registry_schema::run(schema.clone(), ns2.clone(), term2.clone())
+                    },
                 )));
             }
             term.cancelled().await;

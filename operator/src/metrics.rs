@@ -80,6 +80,11 @@ pub struct OutcomeLabels {
     pub outcome: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TaskLabels {
+    pub task: String,
+}
+
 type FloatGauge = Gauge<f64, AtomicU64>;
 
 /// Registers `metric` under `name` and hands it back.
@@ -281,6 +286,7 @@ pub struct OperatorMetrics {
     pub leader: Gauge,
     pub headless: Gauge,
     pub token_reviews: Family<OutcomeLabels, Counter>,
+    pub task_panics: Family<TaskLabels, Counter>,
     pub reconcile_errors: Family<ControllerLabels, Counter>,
     pub reconcile_duration: Family<ControllerLabels, Histogram>,
     pub status_patches: Family<RegionLabels, Counter>,
@@ -301,6 +307,12 @@ impl OperatorMetrics {
                 r,
                 "token_reviews",
                 "Bearer tokens of callers of the secure metrics port reviewed with the API server, by outcome (throttled: not reviewed, too many unknown tokens lately)",
+                Family::default(),
+            ),
+            task_panics: add(
+                r,
+                "task_panics",
+                "Panics caught in the operator's tasks (controller, keeper, worker, drain), each run again",
                 Family::default(),
             ),
             reconcile_errors: add(r, "reconcile_errors", "Reconciles that failed, by controller", Family::default()),
@@ -514,6 +526,11 @@ impl Metrics {
         }
     }
 
+    /// Counts a panic caught in a task of kind `task`.
+    pub fn task_panicked(&self, task: &str) {
+        self.operator.task_panics.get_or_create(&TaskLabels { task: task.to_string() }).inc();
+    }
+
     /// Counts a caller's token reviewed (or throttled) by the secure metrics port.
     pub fn token_reviewed(&self, outcome: &str) {
         self.operator.token_reviews.get_or_create(&OutcomeLabels { outcome: outcome.to_string() }).inc();
@@ -595,6 +612,7 @@ mod tests {
         m.advance_drain(DrainLabels { region: "a".into(), outcome: "copied".into() }, 5);
         m.record_drain_phase("a", crate::drain::DrainPhase::Copying);
         m.token_reviewed("allowed");
+        m.task_panicked("keeper");
         let docs = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/operating.md")).unwrap();
         let documented: std::collections::BTreeSet<String> = docs
             .lines()

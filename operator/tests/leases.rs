@@ -467,3 +467,44 @@ async fn a_long_round_the_peer_keeps_answering_is_not_an_unreachable_peer() {
     assert!(said.is_empty(), "{said:?}");
     handle.shutdown().await;
 }
+
+/// Authentications the etcd member has answered, whatever the outcome (its gRPC metrics).
+fn authentications(etcd: &EtcdServer) -> u64 {
+    etcd.metrics()
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.starts_with("grpc_server_handled_total{") && l.contains("grpc_method=\"Authenticate\""))
+        .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
+        .sum::<f64>() as u64
+}
+
+#[tokio::test]
+async fn a_password_rotated_on_the_peer_costs_it_a_few_authentications_not_a_storm() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "aether_operator=info".into()))
+        .with_test_writer()
+        .try_init();
+    let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("b")).unwrap();
+    let mut o = connect(&[origin.endpoint()], None).await;
+    write_keys(&mut o, "a", 0..100, "v1").await;
+    let mut admin = connect(&[peer.endpoint()], None).await;
+    enable_auth_with_mirror_user(&mut admin, "a", "mirrorpw").await;
+    let target = aether_operator::mirror::EtcdTarget::plain([peer.endpoint()]).with_user("mirror-a", "mirrorpw");
+    let mut config = fast_config("w1");
+    config.backoff_cap = Duration::from_secs(30); // production's: the storm is about what it retries
+    let (handle, _e) = start(config, plain(&origin), target);
+    wait_synced(&handle).await;
+
+    // The password is changed on the peer, and the worker still has the old one.
+    let options = etcd_client::ConnectOptions::new().with_user("root", "rootpw");
+    let mut root = connect(&[peer.endpoint()], Some(options)).await;
+    root.user_change_password("mirror-a", "rotated").await.unwrap();
+    wait_health(&handle, "the refusal seen", |h| h.keepalive_failures > 0).await;
+    let before = authentications(&peer);
+    tokio::time::sleep(Duration::from_secs(20)).await; // the window the attempts are counted in
+    let attempts = authentications(&peer) - before;
+    eprintln!("{attempts} authentications in 20 s with the password refused");
+    // The keeper backs off to 10 s, the sessions to their cap: a storm would be dozens a second.
+    assert!(attempts <= 20, "{attempts} authentications in 20 s: the refused password is retried in a storm");
+    handle.shutdown().await;
+}

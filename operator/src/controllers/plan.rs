@@ -206,12 +206,17 @@ pub struct Claim {
     pub running: bool,
 }
 
-/// The order claims on one target are decided in: the one that runs first (it owns the mirrors,
-/// and the peers decide by the same owner record), then the oldest, then by name. Two objects
+/// The order claims on one target are decided in: only a claim that runs (it owns the mirrors, or
+/// is on its way to: trials, workers, a drain) keeps another from running, so an object that
+/// cannot run (a planted one whose Secret or etcd is not there, a refused one) never blocks a
+/// region; between two that run (they should not both), the oldest, then the name. Reconciles
+/// run one at a time, so the first to be decided runs and the next sees it running: two objects
 /// created in the same second, or applied together, are decided the same way everywhere, and the
 /// one already running is never stopped for the other.
-fn precedence<'a>(running: bool, created: &'a str, object: &'a str) -> (bool, &'a str, &'a str) {
-    (!running, created, object)
+fn comes_first(other: (bool, &str, &str), me: (bool, &str, &str)) -> bool {
+    let (other_running, other_created, other_object) = other;
+    let (me_running, me_created, me_object) = me;
+    other_running && (!me_running || (other_created, other_object) < (me_created, me_object))
 }
 
 impl Claim {
@@ -228,13 +233,13 @@ impl Claim {
 }
 
 /// Why `me` may not run: a claim on the same region of the same etcd that comes first (see
-/// [`precedence`]), if any.
+/// [`comes_first`]), if any.
 pub fn conflict(me: &Claim, all: &[Claim]) -> Option<String> {
     let order = |c: &Claim| (!c.running, c.created.clone(), c.object.clone());
     all.iter()
         .filter(|other| other.object != me.object && other.same_target(me))
         .filter(|other| {
-            precedence(other.running, &other.created, &other.object) < precedence(me.running, &me.created, &me.object)
+            comes_first((other.running, &other.created, &other.object), (me.running, &me.created, &me.object))
         })
         .min_by_key(|c| order(c))
         .map(|winner| {
@@ -260,7 +265,7 @@ pub struct SchemaClaim {
 }
 
 /// Why RegistrySchema `me` may not drain: one migrating the same region of the same etcd that
-/// comes first (see [`precedence`]).
+/// comes first (see [`comes_first`]).
 /// The v1 key of an endpoint does not name the legacy prefix, so two prefixes drained into one
 /// region would map their endpoints onto the same v1 keys, and one of the two values would be
 /// lost (and its legacy key deleted); the same prefix twice would race for its lock.
@@ -271,7 +276,7 @@ pub fn schema_conflict(me: &SchemaClaim, all: &[SchemaClaim]) -> Option<String> 
         .iter()
         .filter(|o| o.object != me.object && o.region == me.region)
         .filter(|o| norm(&o.endpoints).iter().any(|e| mine.contains(e)))
-        .filter(|o| precedence(o.running, &o.created, &o.object) < precedence(me.running, &me.created, &me.object))
+        .filter(|o| comes_first((o.running, &o.created, &o.object), (me.running, &me.created, &me.object)))
         .min_by_key(|o| (!o.running, o.created.clone(), o.object.clone()))?;
     Some(if winner.legacy_prefix == me.legacy_prefix {
         format!(
@@ -509,14 +514,16 @@ mod tests {
         let older = claim("ns/old", "a", "http://e:1", "2025-01-01T00:00:00Z");
         assert_eq!(conflict(&first, &[first.clone(), older.clone()]), None);
         assert!(conflict(&older, &[first.clone(), older.clone()]).unwrap().contains("ns/zz"));
-        // Neither runs: the oldest, then the name, as before.
-        assert!(conflict(&second, &[Claim { running: false, ..first.clone() }, second.clone()]).is_none());
+        // A claim that does not run blocks nothing: the first to be decided runs.
+        let idle = Claim { running: false, ..first.clone() };
+        assert!(conflict(&second, &[idle.clone(), second.clone()]).is_none());
+        assert!(conflict(&idle, &[idle.clone(), second.clone()]).is_none());
     }
 
     #[test]
-    fn the_oldest_claim_on_a_region_and_etcd_wins() {
-        let first = claim("ns/first", "a", "http://e:1", "2026-01-01T00:00:00Z");
-        let second = claim("ns/second", "a", "http://e:1/", "2026-01-02T00:00:00Z");
+    fn of_two_running_claims_on_a_region_and_etcd_the_oldest_wins() {
+        let first = Claim { running: true, ..claim("ns/first", "a", "http://e:1", "2026-01-01T00:00:00Z") };
+        let second = Claim { running: true, ..claim("ns/second", "a", "http://e:1/", "2026-01-02T00:00:00Z") };
         let other_region = claim("ns/other", "b", "http://e:1", "2025-01-01T00:00:00Z");
         let other_etcd = claim("ns/elsewhere", "a", "http://f:1", "2025-01-01T00:00:00Z");
         let all = vec![first.clone(), second.clone(), other_region, other_etcd];
@@ -547,7 +554,10 @@ mod tests {
 
     #[test]
     fn a_second_legacy_prefix_drained_into_the_same_region_is_refused_naming_both() {
-        let first = schema("ns/registry", "a", "http://e:1", "/registry/", "2026-01-01T00:00:00Z");
+        let first = SchemaClaim {
+            running: true,
+            ..schema("ns/registry", "a", "http://e:1", "/registry/", "2026-01-01T00:00:00Z")
+        };
         let second = schema("ns/old", "a", "http://e:1/", "/old-registry/", "2026-01-02T00:00:00Z");
         let all = vec![first.clone(), second.clone()];
         assert_eq!(schema_conflict(&first, &all), None, "the oldest drains");
@@ -606,7 +616,8 @@ mod tests {
 
     #[test]
     fn one_etcd_under_two_urls_is_one_target() {
-        let mut first = claim("ns/first", "a", "http://etcd.svc:2379", "2026-01-01T00:00:00Z");
+        let mut first =
+            Claim { running: true, ..claim("ns/first", "a", "http://etcd.svc:2379", "2026-01-01T00:00:00Z") };
         let mut second = claim("ns/second", "a", "http://10.0.0.7:2379", "2026-01-02T00:00:00Z");
         assert_eq!(conflict(&second, &[first.clone(), second.clone()]), None, "unknown ids: URLs decide");
         first.cluster_id = Some(42);

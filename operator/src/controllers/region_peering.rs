@@ -78,10 +78,17 @@ pub struct Context {
     serial: tokio::sync::Mutex<()>,
     /// Warnings published lately: (object, reason, note) -> when.
     warned: Mutex<HashMap<(String, String, String), Instant>>,
+    /// Where the workers' and keepers' panics are counted.
+    supervision: Arc<crate::supervise::Supervision>,
 }
 
 impl Context {
-    pub fn new(client: kube::Client, settings: ControllerSettings, metrics: Arc<Metrics>) -> Arc<Self> {
+    pub fn new(
+        client: kube::Client,
+        settings: ControllerSettings,
+        metrics: Arc<Metrics>,
+        supervision: Arc<crate::supervise::Supervision>,
+    ) -> Arc<Self> {
         let reporter = Reporter { controller: "aether-operator".into(), instance: Some(settings.identity.clone()) };
         Arc::new(Context {
             recorder: Recorder::new(client.clone(), reporter),
@@ -99,6 +106,7 @@ impl Context {
             budgets: Mutex::new(HashMap::new()),
             trials: Trials::default(),
             serial: tokio::sync::Mutex::new(()),
+            supervision,
         })
     }
 
@@ -115,6 +123,11 @@ impl Context {
         use futures::FutureExt;
         let stores = self.stores.lock().expect("store lock").clone();
         !stores.is_empty() && stores.iter().all(|s| s.wait_until_ready().now_or_never().is_some_and(|r| r.is_ok()))
+    }
+
+    /// Where the process's tasks' panics are counted.
+    pub fn supervision(&self) -> Arc<crate::supervise::Supervision> {
+        self.supervision.clone()
     }
 
     /// What every RegionPeering this leader serves says of its region's origin etcd (with its
@@ -204,8 +217,13 @@ pub async fn run(ctx: Arc<Context>, namespace: Option<String>, stop: Cancellatio
         .await;
 }
 
+/// The longest one reconcile may take (a deletion waits up to 15 s for each peer).
+pub const RECONCILE_TIMEOUT: Duration = Duration::from_secs(600);
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    #[error("the reconcile took longer than {RECONCILE_TIMEOUT:?}; it is tried again")]
+    TimedOut,
     #[error("writing status: {0}")]
     WriteStatus(#[source] kube::Error),
     #[error("finalizer: {0}")]
@@ -234,14 +252,17 @@ async fn reconcile(rp: Arc<RegionPeering>, ctx: Arc<Context>) -> Result<Action, 
     let _serial = ctx.serial.lock().await;
     let api: Api<RegionPeering> = Api::namespaced(ctx.client.clone(), &rp.namespace().unwrap_or_default());
     let started = Instant::now();
-    let result = finalizer(&api, FINALIZER, rp, |event| async {
+    let reconciling = finalizer(&api, FINALIZER, rp, |event| async {
         match event {
             Event::Apply(rp) => apply(rp, ctx.clone()).await,
             Event::Cleanup(rp) => cleanup(rp, ctx.clone()).await,
         }
-    })
-    .await
-    .map_err(|e| Error::Finalizer(Box::new(e)));
+    });
+    // Bounded: reconciles run one at a time, and one that hung would hold every other.
+    let result = match tokio::time::timeout(RECONCILE_TIMEOUT, reconciling).await {
+        Ok(result) => result.map_err(|e| Error::Finalizer(Box::new(e))),
+        Err(_) => Err(Error::TimedOut),
+    };
     ctx.metrics.reconciled("regionpeering", started.elapsed(), result.is_ok());
     result
 }
@@ -662,6 +683,8 @@ struct Shares {
     peers: Arc<std::sync::atomic::AtomicUsize>,
     /// The full syncs they take turns at.
     syncs: Arc<mirror::SyncSlots>,
+    /// Where their panics are counted (the process's).
+    supervision: Arc<crate::supervise::Supervision>,
 }
 
 /// The object's shares: one for all its workers; the budget replaced when its rate changes, the
@@ -673,6 +696,7 @@ fn shares(ctx: &Context, key: &str, spec: &RegionPeeringSpec) -> Shares {
         verify: Arc::new(mirror::VerifyBudget::new(rate)),
         peers: Default::default(),
         syncs: Default::default(),
+        supervision: ctx.supervision.clone(),
     });
     if shares.verify.keys_per_second() != rate {
         shares.verify = Arc::new(mirror::VerifyBudget::new(rate));
@@ -683,6 +707,7 @@ fn shares(ctx: &Context, key: &str, spec: &RegionPeeringSpec) -> Shares {
 
 fn mirror_config(spec: &RegionPeeringSpec, peer: &str, owner: &str, shares: Shares) -> MirrorConfig {
     let mut c = MirrorConfig::new(&spec.region, peer, owner);
+    c.supervision = shares.supervision;
     c.verify_budget = shares.verify;
     c.origin_peers = shares.peers;
     c.sync_slots = shares.syncs;
@@ -925,6 +950,7 @@ mod tests {
             verify: Arc::new(mirror::VerifyBudget::new(1_000)),
             peers: Default::default(),
             syncs: Default::default(),
+            supervision: Default::default(),
         };
         let defaults = mirror_config(&spec(serde_json::json!({})), "b", "w", budget());
         let worker = MirrorConfig::new("a", "b", "w");

@@ -85,6 +85,8 @@ impl Context {
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    #[error("the reconcile took too long; it is tried again")]
+    TimedOut,
     #[error("writing status: {0}")]
     WriteStatus(#[source] kube::Error),
     #[error("finalizer: {0}")]
@@ -159,14 +161,17 @@ async fn reconcile(rs: Arc<RegistrySchema>, ctx: Arc<Context>) -> Result<Action,
     let _serial = ctx.serial.lock().await;
     let api: Api<RegistrySchema> = Api::namespaced(ctx.client.clone(), &rs.namespace().unwrap_or_default());
     let started = std::time::Instant::now();
-    let result = finalizer(&api, FINALIZER, rs, |event| async {
+    let reconciling = finalizer(&api, FINALIZER, rs, |event| async {
         match event {
             Event::Apply(rs) => apply(rs, ctx.clone()).await,
             Event::Cleanup(rs) => cleanup(rs, ctx.clone()).await,
         }
-    })
-    .await
-    .map_err(|e| Error::Finalizer(Box::new(e)));
+    });
+    // Bounded: reconciles run one at a time, and one that hung would hold every other.
+    let result = match tokio::time::timeout(super::region_peering::RECONCILE_TIMEOUT, reconciling).await {
+        Ok(result) => result.map_err(|e| Error::Finalizer(Box::new(e))),
+        Err(_) => Err(Error::TimedOut),
+    };
     ctx.metrics.reconciled("registryschema", started.elapsed(), result.is_ok());
     result
 }
@@ -348,12 +353,25 @@ fn start_drain(ctx: &Context, key: &str, fingerprint: u64, settings: DrainSettin
     let cancel = CancellationToken::new();
     let error = Arc::new(Mutex::new(None));
     let (cancel2, error2) = (cancel.clone(), error.clone());
+    let supervision = ctx.peerings.supervision();
     let task = tokio::spawn(async move {
+        use futures::FutureExt;
         let mut backoff = crate::mirror::backoff::Backoff::new(Duration::from_secs(1), Duration::from_secs(60));
         while !cancel2.is_cancelled() {
-            let result = match etcd.connect().await {
-                Ok(client) => drain(&client, &settings, &tx, &cancel2).await,
-                Err(e) => Err(anyhow::anyhow!(e).context("connecting to the registry etcd")),
+            // A panic is counted and taken as a failed attempt: the drain resumes from its record.
+            let attempt = async {
+                match etcd.connect().await {
+                    Ok(client) => drain(&client, &settings, &tx, &cancel2).await,
+                    Err(e) => Err(anyhow::anyhow!(e).context("connecting to the registry etcd")),
+                }
+            };
+            let result = match std::panic::AssertUnwindSafe(attempt).catch_unwind().await {
+                Ok(result) => result,
+                Err(panic) => {
+                    let what = crate::supervise::panic_message(panic.as_ref());
+                    supervision.panicked("drain", &what);
+                    Err(anyhow::anyhow!("the drain panicked ({what})"))
+                }
             };
             match result {
                 Ok(_) => {

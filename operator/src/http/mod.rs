@@ -84,6 +84,8 @@ impl ServerIdentity {
 #[derive(Clone)]
 struct AppState {
     metrics: Arc<Metrics>,
+    /// The tasks' panics: a process whose tasks keep panicking is not healthy.
+    supervision: Arc<crate::supervise::Supervision>,
     authorizer: Option<Arc<Authorizer>>,
     /// The operator's own client, for /debug/doctor.
     client: Option<kube::Client>,
@@ -118,6 +120,15 @@ async fn refused(state: &AppState, headers: &HeaderMap, path: &'static str) -> O
             warn!(error = %e, path, "cannot review a caller's token");
             Some((StatusCode::SERVICE_UNAVAILABLE, "cannot reach the API server to check the token\n").into_response())
         }
+    }
+}
+
+/// `/healthz` and `/readyz`: ok, unless a task keeps panicking (`supervise`), so that the kubelet
+/// restarts the process and a standby leads.
+async fn health_handler(State(state): State<AppState>) -> Response {
+    match state.supervision.verdict(std::time::Instant::now()) {
+        Ok(()) => "ok".into_response(),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")).into_response(),
     }
 }
 
@@ -172,6 +183,7 @@ pub async fn serve(
     addr: &str,
     access: MetricsAccess,
     metrics: Arc<Metrics>,
+    supervision: Arc<crate::supervise::Supervision>,
     doctor: Option<(kube::Client, String)>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<tokio::task::JoinHandle<()>> {
@@ -185,9 +197,9 @@ pub async fn serve(
     let app = Router::new()
         .route("/metrics", get(metrics_handler))
         .route("/debug/doctor/{namespace}/{name}", get(doctor_handler))
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(|| async { "ok" }))
-        .with_state(AppState { metrics, authorizer, client, identity });
+        .route("/healthz", get(health_handler))
+        .route("/readyz", get(health_handler))
+        .with_state(AppState { metrics, supervision, authorizer, client, identity });
     let listener = TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("binding {addr}: {e}"))?;
     Ok(tokio::spawn(listener::serve(listener, tls, app, shutdown)))
 }
@@ -222,6 +234,7 @@ mod tests {
             &format!("127.0.0.1:{port}"),
             MetricsAccess::Open,
             Arc::new(Metrics::default()),
+            Arc::default(),
             Some((client, "op-0".into())),
             stop.clone(),
         )

@@ -74,6 +74,9 @@ pub struct MirrorConfig {
     /// vouch for (replaced, restored, or not the one the copy came from) deletes without a person
     /// raising it (`spec.sync.maxResyncDeletePercent`); 100 never holds.
     pub max_resync_delete_percent: u8,
+    /// Where the worker's and its keeper's panics are counted (the process's, from the
+    /// controller; `new` gives each worker its own).
+    pub supervision: Arc<crate::supervise::Supervision>,
 }
 
 impl MirrorConfig {
@@ -108,6 +111,7 @@ impl MirrorConfig {
             watch_linger: super::plan::WATCH_LINGER,
             checkpoint_shards_per_part: super::records::checkpoint::SHARDS_PER_PART,
             max_resync_delete_percent: DEFAULT_MAX_RESYNC_DELETE_PERCENT,
+            supervision: Arc::default(),
         }
     }
 }

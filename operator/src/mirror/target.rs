@@ -118,9 +118,17 @@ impl EtcdTarget {
 
     /// `n` clients, each over its own connections to the members that answer now (probed once):
     /// requests spread over them are not held to one connection's flow-control window.
+    /// Those that connected are kept when others fail; it fails only when none did.
     pub async fn connect_many(&self, n: usize) -> Result<Vec<Client>, ConnectError> {
         let healthy: Vec<String> = self.probe_members().await?.into_iter().map(|m| m.endpoint).collect();
-        futures::future::try_join_all((0..n).map(|_| self.connect_members(&healthy))).await
+        let attempts = futures::future::join_all((0..n).map(|_| self.connect_members(&healthy))).await;
+        let mut first_error = None;
+        let clients: Vec<Client> =
+            attempts.into_iter().filter_map(|a| a.map_err(|e| first_error.get_or_insert(e).clone()).ok()).collect();
+        match (clients.is_empty(), first_error) {
+            (true, Some(e)) => Err(e),
+            _ => Ok(clients),
+        }
     }
 
     async fn connect_members(&self, members: &[String]) -> Result<Client, ConnectError> {

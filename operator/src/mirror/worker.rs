@@ -11,7 +11,7 @@ use crate::mirror::context::{State, Worker};
 use crate::mirror::detector::ReachabilityDetector;
 use crate::mirror::health::{MirrorEvent, PeerHealth, Phase, Refusal};
 use crate::mirror::leases::keeper::{Keeper, KeeperSignal, most_ttl_left};
-use crate::mirror::problem::Classified;
+use crate::mirror::problem::{Classified, Problem};
 use crate::mirror::records::resume::{OwnerDecision, decide_ownership};
 use crate::mirror::session::SessionEnd;
 use crate::mirror::shared::Shared;
@@ -96,9 +96,30 @@ pub fn spawn(
         nearest: Default::default(),
         last_sync_pace: Default::default(),
     };
-    let task = tokio::spawn(worker.run(lost_rx).instrument(span));
+    // A panic ends the worker as a crash would (no release, leases left to the TTL), but said:
+    // counted, in its health, so that the controller starts it again and status names it.
+    let (supervision, said) = (worker.config.supervision.clone(), worker.shared.clone());
+    let task = tokio::spawn(
+        async move {
+            use futures::FutureExt;
+            if let Err(panic) = std::panic::AssertUnwindSafe(worker.run(lost_rx)).catch_unwind().await {
+                let what = crate::supervise::panic_message(panic.as_ref());
+                supervision.panicked("worker", &what);
+                said.update(|h| {
+                    h.phase = Phase::Stopped;
+                    h.last_error = Some(format!("the worker panicked ({what}); it is started again"));
+                    h.last_error_reason = Some("WorkerPanicked");
+                    h.last_error_time = Some(SystemTime::now());
+                });
+            }
+        }
+        .instrument(span),
+    );
     MirrorHandle { health: health_rx, cancel, task }
 }
+
+/// The least a worker waits after a session the peer refused the credentials or a permission of.
+const REFUSED_SESSION_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// How long a clean stop waits for the peer to take the release.
 const RELEASE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
@@ -178,7 +199,12 @@ impl Worker {
                         // Nothing is confirmed applied from here on: the lag keeps growing.
                         h.pending_since = h.pending_since.or(Some(now));
                     });
-                    let delay = backoff.next_delay(rand::random::<f64>() * 0.5 + 0.5);
+                    let mut delay = backoff.next_delay(rand::random::<f64>() * 0.5 + 0.5);
+                    // Refused credentials stay refused until someone changes them, and every
+                    // attempt costs the peer an authentication (a bcrypt check).
+                    if matches!(classified.problem, Problem::AuthenticationFailed | Problem::PermissionDenied) {
+                        delay = delay.max(REFUSED_SESSION_WAIT);
+                    }
                     tokio::select! {
                         _ = self.cancel.cancelled() => break,
                         _ = tokio::time::sleep(delay) => {}

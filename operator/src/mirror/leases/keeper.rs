@@ -14,7 +14,7 @@
 //!   alive (`liveness`).
 //!
 //! Dropping it stops the renewals; nothing is ever revoked.
-use super::renewal::{Book, Kept, Measured, Timing, deal, retry_delay, shortfall, streams_for};
+use super::renewal::{Book, Kept, Measured, Timing, deal, refused, retry_delay, shortfall, streams_for};
 use super::rpc::KeepAliveStream;
 use crate::mirror::health::MirrorEvent;
 use crate::mirror::shared::Shared;
@@ -71,26 +71,34 @@ impl Keeper {
         let layout = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let joined = Arc::new(Notify::new());
         let (rounds_tx, rounds) = watch::channel(0u64);
+        let rounds_tx = Arc::new(rounds_tx);
         let timing = Timing {
             ttl: Duration::from_secs(config.lease_ttl_seconds.max(1) as u64),
             interval: config.keepalive_interval,
             ceiling: config.rpc_timeout,
         };
-        let task = Task {
-            peer,
-            timing,
-            book: book.clone(),
-            layout: layout.clone(),
-            joined: joined.clone(),
-            rounds: rounds_tx,
-            shared,
-            signals,
-            connection: None,
-            status_client: None,
-            streams_wanted: 1,
-            cluster: None,
+        // Supervised: a keeper that died would let the copy lapse while the worker looks alive.
+        // One that panicked runs again over the same book (the leases it keeps, their clocks).
+        let (book_, layout_, joined_) = (book.clone(), layout.clone(), joined.clone());
+        let make = move || {
+            Task {
+                peer: peer.clone(),
+                timing,
+                book: book_.clone(),
+                layout: layout_.clone(),
+                joined: joined_.clone(),
+                rounds: rounds_tx.clone(),
+                shared: shared.clone(),
+                signals: signals.clone(),
+                connection: None,
+                status_client: None,
+                streams_wanted: 1,
+                cluster: None,
+            }
+            .run()
         };
-        let task = tokio::spawn(task.run().in_current_span());
+        let task =
+            tokio::spawn(crate::supervise::supervised("keeper", config.supervision.clone(), make).in_current_span());
         Keeper { book, layout, joined, rounds, ttl: timing.ttl, task }
     }
 
@@ -201,7 +209,7 @@ struct Task {
     book: Arc<Mutex<Book>>,
     layout: Arc<std::sync::atomic::AtomicUsize>,
     joined: Arc<Notify>,
-    rounds: watch::Sender<u64>,
+    rounds: Arc<watch::Sender<u64>>,
     shared: Arc<Shared>,
     signals: mpsc::Sender<KeeperSignal>,
     /// The raw channel and its open streams, kept across rounds while they work.
@@ -302,7 +310,8 @@ impl Task {
                     } else {
                         self.shared.detector_evaluate();
                     }
-                    tokio::time::sleep(retry_delay(attempt, rand::random::<f64>() * 0.5 + 0.5)).await;
+                    let delay = retry_delay(attempt, rand::random::<f64>() * 0.5 + 0.5, refused(&error));
+                    tokio::time::sleep(delay).await;
                 }
             }
         }

@@ -21,6 +21,10 @@ pub const MIN_ROUND_DEADLINE: Duration = Duration::from_millis(500);
 /// Backoff between attempts after a failed round: short, since the leases are running out.
 pub const RETRY_BASE: Duration = Duration::from_millis(50);
 pub const RETRY_CAP: Duration = Duration::from_millis(500);
+/// The cap when the peer refused the credentials or a permission: retrying at once cannot help
+/// (a rotated password stays wrong), and every attempt costs the peer an authentication (a
+/// bcrypt check) times every origin writing into it.
+pub const REFUSED_RETRY_CAP: Duration = Duration::from_secs(10);
 /// Streams a first round uses per this many leases, before any round was measured.
 pub const LEASES_PER_STREAM: usize = 2048;
 pub const MAX_STREAMS: usize = 32;
@@ -141,10 +145,27 @@ impl Timing {
 }
 
 /// The delay before attempt `attempt` (1 after the first failure), scaled by `jitter` in
-/// [0.5, 1] so that workers failing together do not retry in lockstep.
-pub fn retry_delay(attempt: u32, jitter: f64) -> Duration {
+/// [0.5, 1] so that workers failing together do not retry in lockstep; longer when the peer
+/// `refused` the credentials or a permission.
+pub fn retry_delay(attempt: u32, jitter: f64, refused: bool) -> Duration {
     let exp = RETRY_BASE.saturating_mul(1u32 << attempt.saturating_sub(1).min(16));
-    exp.min(RETRY_CAP).mul_f64(jitter.clamp(0.5, 1.0))
+    exp.min(if refused { REFUSED_RETRY_CAP } else { RETRY_CAP }).mul_f64(jitter.clamp(0.5, 1.0))
+}
+
+/// Whether a keepalive round's error says the peer refused the credentials or a permission.
+pub fn refused(error: &str) -> bool {
+    let error = error.to_ascii_lowercase();
+    [
+        "authentication failed",
+        "authenticationfailed",
+        "permission denied",
+        "permissiondenied",
+        "unauthenticated",
+        "user name is empty",
+        "invalid auth token",
+    ]
+    .iter()
+    .any(|said| error.contains(said))
 }
 
 /// What a round measured: leases answered, over how long, on how many streams.
@@ -282,10 +303,20 @@ mod tests {
 
     #[test]
     fn retries_start_fast_and_stay_under_half_a_second() {
-        assert_eq!(retry_delay(1, 1.0), Duration::from_millis(50));
-        assert_eq!(retry_delay(2, 1.0), Duration::from_millis(100));
-        assert_eq!(retry_delay(10, 1.0), RETRY_CAP);
-        assert_eq!(retry_delay(30, 0.5), RETRY_CAP / 2);
+        assert_eq!(retry_delay(1, 1.0, false), Duration::from_millis(50));
+        assert_eq!(retry_delay(2, 1.0, false), Duration::from_millis(100));
+        assert_eq!(retry_delay(10, 1.0, false), RETRY_CAP);
+        assert_eq!(retry_delay(30, 0.5, false), RETRY_CAP / 2);
+    }
+
+    #[test]
+    fn credentials_refused_back_off_to_seconds() {
+        assert!(refused("Unauthenticated: etcdserver: authentication failed, invalid user ID or password"));
+        assert!(refused("connecting: ... PermissionDenied: etcdserver: permission denied"));
+        assert!(refused("connecting: no member of the etcd can be used: http://b:2379: ... (AuthenticationFailed)"));
+        assert!(!refused("no answer for 3s"));
+        assert_eq!(retry_delay(1, 1.0, true), Duration::from_millis(50), "the first retry stays fast");
+        assert_eq!(retry_delay(20, 1.0, true), REFUSED_RETRY_CAP);
     }
 
     #[test]

@@ -22,11 +22,28 @@ pub(in crate::mirror) struct Spread {
     last_used: Instant,
     /// More connections being opened beside the session's work.
     opening: Option<JoinHandle<Vec<Client>>>,
+    /// Opening more failed lately: not again before this (a peer refusing connections, or one
+    /// that rejects the password, is not asked again at every batch).
+    retry_after: Option<Instant>,
+    failures: u32,
+}
+
+/// How long the spread waits before opening more connections after an attempt that opened
+/// none: doubling from a second, at most a minute.
+pub fn retry_wait(failures: u32) -> Duration {
+    Duration::from_secs(1u64 << failures.saturating_sub(1).min(6)).min(Duration::from_secs(60))
 }
 
 impl Spread {
     pub fn new(session: Client) -> Self {
-        Spread { clients: vec![session], next: 0, last_used: Instant::now(), opening: None }
+        Spread {
+            clients: vec![session],
+            next: 0,
+            last_used: Instant::now(),
+            opening: None,
+            retry_after: None,
+            failures: 0,
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -73,7 +90,8 @@ impl Spread {
     /// Starts opening connections up to `wanted` in the background, unless that many are open or
     /// some are being opened already.
     pub fn want(&mut self, wanted: usize, target: &EtcdTarget, timeout: Duration) {
-        if self.opening.is_none() && wanted > self.clients.len() {
+        let waiting = self.retry_after.is_some_and(|at| Instant::now() < at);
+        if self.opening.is_none() && wanted > self.clients.len() && !waiting {
             self.opening = Some(tokio::spawn(open(target.clone(), wanted - self.clients.len(), timeout)));
         }
     }
@@ -84,7 +102,26 @@ impl Spread {
         let Some(task) = self.opening.as_mut() else { return };
         let more = task.await.unwrap_or_default();
         self.opening = None;
+        if more.is_empty() {
+            self.failures = self.failures.saturating_add(1);
+            self.retry_after = Some(Instant::now() + retry_wait(self.failures));
+        } else {
+            (self.failures, self.retry_after) = (0, None);
+        }
         self.add(more);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn after_a_failed_opening_more_are_asked_for_later_and_later() {
+        assert_eq!(retry_wait(1), Duration::from_secs(1));
+        assert_eq!(retry_wait(2), Duration::from_secs(2));
+        assert_eq!(retry_wait(6), Duration::from_secs(32));
+        assert_eq!(retry_wait(40), Duration::from_secs(60));
     }
 }
 
