@@ -112,19 +112,6 @@ impl Spread {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn after_a_failed_opening_more_are_asked_for_later_and_later() {
-        assert_eq!(retry_wait(1), Duration::from_secs(1));
-        assert_eq!(retry_wait(2), Duration::from_secs(2));
-        assert_eq!(retry_wait(6), Duration::from_secs(32));
-        assert_eq!(retry_wait(40), Duration::from_secs(60));
-    }
-}
-
 impl Drop for Spread {
     fn drop(&mut self) {
         if let Some(task) = self.opening.take() {
@@ -149,5 +136,18 @@ async fn open(target: EtcdTarget, n: usize, timeout: Duration) -> Vec<Client> {
             debug!("no more connections to the peer: opening them took too long");
             Vec::new()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn after_a_failed_opening_more_are_asked_for_later_and_later() {
+        assert_eq!(retry_wait(1), Duration::from_secs(1));
+        assert_eq!(retry_wait(2), Duration::from_secs(2));
+        assert_eq!(retry_wait(6), Duration::from_secs(32));
+        assert_eq!(retry_wait(40), Duration::from_secs(60));
     }
 }
