@@ -54,7 +54,7 @@ async fn write_garbage(a: &mut Client) {
             1 => format!("UPPER{i}").into_bytes(),
             2 => [vec![0xff, 0xfe], i.to_string().into_bytes()].concat(),
             3 => format!("../../{i}").into_bytes(),
-            _ => format!("{}", "x".repeat(70 + i)).into_bytes(),
+            _ => "x".repeat(70 + i).into_bytes(),
         })
         .collect();
     let mut ops: Vec<TxnOp> = Vec::new();
