@@ -205,6 +205,31 @@ pub fn prefix_range_end(prefix: &[u8]) -> Vec<u8> {
     vec![0] // every key
 }
 
+/// Why a legacy prefix cannot be drained, if it cannot: it must start and end with `/`, and be
+/// neither the root, nor `/aether/` (which holds the drain's own bookkeeping and the federation's),
+/// nor inside the v1 layout `/aether/v1/` (whose keys are live endpoints and records).
+pub fn legacy_prefix_problem(prefix: &str) -> Option<String> {
+    if !prefix.starts_with('/') || !prefix.ends_with('/') || prefix.len() < 3 {
+        return Some(format!("legacy prefix {prefix:?} must start and end with '/' and name something between"));
+    }
+    if prefix == "/aether/" || prefix.starts_with("/aether/v1/") || "/aether/v1/".starts_with(prefix) {
+        return Some(format!(
+            "legacy prefix {prefix:?} covers the v1 layout /aether/v1/ (live endpoints, the federation's records, the drain's own): drain a prefix outside it, such as {V0_ROOT}"
+        ));
+    }
+    None
+}
+
+/// Whether a cluster name can be a key segment: not empty, no `/`, no whitespace or control
+/// character, not `.` or `..`, at most 253 bytes.
+pub fn is_key_segment(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s != "."
+        && s != ".."
+        && !s.chars().any(|c| c == '/' || c.is_whitespace() || c.is_control())
+}
+
 /// A DNS label (RFC 1123): what region names must be.
 pub fn is_dns_label(s: &str) -> bool {
     let b = s.as_bytes();
@@ -294,6 +319,32 @@ fn invalid(key: &str, what: &'static str, value: &str, why: &'static str) -> Key
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_legacy_prefix_over_the_v1_layout_or_the_bookkeeping_is_refused() {
+        assert_eq!(legacy_prefix_problem("/aether/services/"), None);
+        assert_eq!(legacy_prefix_problem("/old-registry/"), None);
+        for bad in [
+            "/",
+            "//",
+            "aether/",
+            "/aether/",
+            "/aether/v1/",
+            "/aether/v1/regions/a/clusters/c1/",
+            "/aether/v1/drain/",
+            "/aether/v",
+        ] {
+            assert!(legacy_prefix_problem(bad).is_some(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn a_cluster_name_that_cannot_be_a_key_segment_is_told() {
+        assert!(is_key_segment("eu-west-1a") && is_key_segment("cluster.example.com"));
+        for bad in ["", ".", "..", "a/b", "a b", "a\0b", "tab\there", &"x".repeat(254)] {
+            assert!(!is_key_segment(bad), "{bad:?} accepted");
+        }
+    }
     use proptest::prelude::*;
 
     fn segment() -> impl Strategy<Value = String> {

@@ -137,6 +137,21 @@ struct DoctorArgs {
     /// With --in-cluster: the bearer token the operator reviews (the kubeconfig's, when it has one).
     #[arg(long, env = "AETHER_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// With --in-cluster: the leader Lease ("namespace/name") whose holder runs the checks.
+    #[arg(long, default_value = "aether-system/aether-operator-leader")]
+    leader_lease: String,
+    /// With --in-cluster: the CA (PEM file) the operator's metrics certificate is verified against
+    /// (the chart's metrics.certSecret ca.crt); the token goes only to a server that verifies.
+    #[arg(long, requires = "in_cluster")]
+    metrics_ca: Option<PathBuf>,
+    /// With --in-cluster and --metrics-ca: the name the certificate is verified for (the URL's
+    /// host, or localhost through a port-forward, when not given).
+    #[arg(long, requires = "metrics_ca")]
+    metrics_server_name: Option<String>,
+    /// With --in-cluster: do not verify the operator's certificate (a self-signed one); the bearer
+    /// token is then sent to whatever answers.
+    #[arg(long, requires = "in_cluster", conflicts_with = "metrics_ca")]
+    insecure_skip_tls_verify: bool,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -504,13 +519,19 @@ async fn run_doctor(args: DoctorArgs) -> anyhow::Result<bool> {
             Some(token) => Some(token),
             None => kubeconfig_token(&kubeconfig, args.context.as_deref()).await,
         };
+        use aether_operator::cli::in_cluster::{Reach, Trust};
         let reach = match args.operator_url.clone() {
-            Some(url) => aether_operator::cli::in_cluster::Reach::Url(url),
+            Some(url) => Reach::Url(url),
             None => {
-                aether_operator::cli::in_cluster::Reach::Leader { port: args.metrics_port, https: !args.metrics_plain }
+                Reach::Leader { port: args.metrics_port, https: !args.metrics_plain, lease: args.leader_lease.clone() }
             }
         };
-        let answer = aether_operator::cli::in_cluster::ask(&client, &rp, reach, token.as_deref()).await?;
+        let trust = match (&args.metrics_ca, args.insecure_skip_tls_verify) {
+            (Some(ca), _) => Trust::Ca { pem: std::fs::read(ca)?, server_name: args.metrics_server_name.clone() },
+            (None, true) => Trust::Insecure,
+            (None, false) => Trust::None,
+        };
+        let answer = aether_operator::cli::in_cluster::ask(&client, &rp, reach, trust, token.as_deref()).await?;
         (answer.checked_from, answer.findings)
     } else {
         let host = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
@@ -543,6 +564,14 @@ async fn kubeconfig_token(kubeconfig: &kube::config::Kubeconfig, context: Option
 }
 
 async fn run_drain(args: DrainArgs) -> anyhow::Result<aether_operator::drain::DrainReport> {
+    if let Some(problem) = aether_operator::keys::legacy_prefix_problem(&args.legacy_prefix) {
+        anyhow::bail!("--legacy-prefix: {problem}");
+    }
+    anyhow::ensure!(
+        aether_operator::keys::is_key_segment(&args.cluster),
+        "--cluster {:?} cannot be a key segment (no '/', whitespace or control characters)",
+        args.cluster
+    );
     let mut target = aether_operator::mirror::EtcdTarget::plain(args.etcd.clone());
     if let Some(ca) = &args.cacert {
         let mut tls =

@@ -116,23 +116,75 @@ async fn metrics_are_served_over_https_only_to_scrapers_the_api_server_allows() 
     let etcd = EtcdServer::start("doctor-local").await.unwrap();
     let client = apiserver.client().await.unwrap();
     let api: Api<RegionPeering> = Api::namespaced(client.clone(), NS);
-    let rp: RegionPeering = serde_json::from_value(peering("a", "a", &etcd, &[])).unwrap();
+    let mut rp = peering("a", "a", &etcd, &[]);
+    rp["spec"]["peers"] = serde_json::json!([{"region": "b", "endpoints": ["https://127.0.0.1:1"], "tls": {"secretRef": {"name": "peer-b"}}}]);
+    let rp: RegionPeering = serde_json::from_value(rp).unwrap();
     api.create(&PostParams::default(), &rp).await.unwrap();
-    let doctor = |token: String| {
+    let ca_arg = pki.ca_cert.to_str().unwrap().to_string();
+    let doctor = |token: &str, trust: &[&str]| {
         let out = Command::new(env!("CARGO_BIN_EXE_aether-operator"))
             .args(["doctor", "a", "-n", NS, "--in-cluster"])
-            .args(["--operator-url", &format!("https://127.0.0.1:{port}"), "--token", &token])
+            .args(["--operator-url", &format!("https://127.0.0.1:{port}"), "--token", token])
+            .args(trust)
             .arg("--kubeconfig")
             .arg(apiserver.kubeconfig())
             .output()
             .unwrap();
         (out.status.code(), String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr))
     };
+    let verified = ["--metrics-ca", ca_arg.as_str()];
     let oncall = service_account_token(&apiserver, "aether-system", "oncall");
-    let (code, out) = doctor(oncall);
-    assert_eq!(code, Some(0), "{out}");
-    assert!(out.contains("checked from operator pod op") && out.contains("connect"), "{out}");
-    let (code, out) = doctor(scraper);
+    // The doctor reads the RegionPeering and its Secrets with the operator's rights: not for a
+    // caller who may not read them itself.
+    let (code, out) = doctor(&oncall, &verified);
+    assert_ne!(code, Some(0), "{out}");
+    assert!(out.contains("may not get regionpeerings fed/a"), "{out}");
+    kubectl(
+        &apiserver,
+        &["create", "role", "oncall-reads", "-n", NS, "--verb=get", "--resource=regionpeerings.federation.aether.dev"],
+    );
+    kubectl(
+        &apiserver,
+        &[
+            "create",
+            "rolebinding",
+            "oncall-reads",
+            "-n",
+            NS,
+            "--role=oncall-reads",
+            "--serviceaccount=aether-system:oncall",
+        ],
+    );
+    let (code, out) = doctor(&oncall, &verified);
+    assert!(code != Some(0) && out.contains("may not get secrets fed/peer-b"), "{out}");
+    kubectl(
+        &apiserver,
+        &["create", "role", "oncall-secrets", "-n", NS, "--verb=get", "--resource=secrets", "--resource-name=peer-b"],
+    );
+    kubectl(
+        &apiserver,
+        &[
+            "create",
+            "rolebinding",
+            "oncall-secrets",
+            "-n",
+            NS,
+            "--role=oncall-secrets",
+            "--serviceaccount=aether-system:oncall",
+        ],
+    );
+    let (code, out) = doctor(&oncall, &verified);
+    assert!(out.contains("checked from operator pod op") && out.contains("connect"), "{code:?}: {out}");
+    // The token never goes to a server whose certificate is not verified, unless one says so.
+    let (code, out) = doctor(&oncall, &[]);
+    assert!(code != Some(0) && out.contains("--metrics-ca") && out.contains("not sent"), "{out}");
+    std::fs::create_dir_all(dir.path().join("stranger")).unwrap();
+    let stranger_ca = Pki::new(&dir.path().join("stranger")).unwrap();
+    let (code, out) = doctor(&oncall, &["--metrics-ca", stranger_ca.ca_cert.to_str().unwrap()]);
+    assert!(code != Some(0) && !out.contains("checked from operator pod"), "{out}");
+    let (_, out) = doctor(&oncall, &["--insecure-skip-tls-verify"]);
+    assert!(out.contains("checked from operator pod op"), "{out}");
+    let (code, out) = doctor(&scraper, &verified);
     assert_ne!(code, Some(0), "{out}");
     assert!(out.contains("may not get /debug/doctor"), "{out}");
 }

@@ -43,7 +43,7 @@ pub struct RegistrySchemaSpec {
     /// the v1 layout.
     #[serde(default = "default_legacy_prefix")]
     #[schemars(regex(pattern = r"^/.+/$"), length(max = 253))]
-    #[x_kube(validation = Rule::new("!self.startsWith('/aether/v1/')").message("legacyPrefix may not be inside the v1 layout /aether/v1/"))]
+    #[x_kube(validation = Rule::new("!self.startsWith('/aether/v1/') && !'/aether/v1/'.startsWith(self)").message("legacyPrefix may not cover the v1 layout /aether/v1/ (live endpoints and the federation's and the drain's own records)"))]
     pub legacy_prefix: String,
     /// The schema version to reach.
     #[serde(default)]

@@ -200,6 +200,13 @@ async fn apply(rs: Arc<RegistrySchema>, ctx: Arc<Context>) -> Result<Action, Err
     let spec = &rs.spec;
     let previous = rs.status.clone().unwrap_or_default();
 
+    // What the CRD's rules refuse, for an object created before them.
+    if let Some(problem) = crate::keys::legacy_prefix_problem(&spec.legacy_prefix) {
+        let status =
+            failed_status(&previous, rs.metadata.generation, "InvalidSpec", &format!("spec.legacyPrefix: {problem}"));
+        write_status(&ctx, &rs, &previous, status).await?;
+        return Ok(Action::requeue(Duration::from_secs(60)));
+    }
     let target = match super::region_peering::resolve_connection(&ctx.client, &namespace, &spec.etcd).await {
         Ok(a) => a,
         Err(e) => {

@@ -23,6 +23,26 @@ pub enum Decision {
     Foreign { region: String },
 }
 
+/// The copy's cursor as the drain's record keeps it (text): a cursor of UTF-8 as it is (what
+/// earlier versions wrote), any other as `hex:` and its bytes, so that a key that is not UTF-8
+/// at a page's end never skips the keys after it. A cursor starts with the legacy prefix's `/`,
+/// so text never reads as hex.
+pub fn encode_cursor(cursor: &[u8]) -> String {
+    match std::str::from_utf8(cursor) {
+        Ok(text) => text.to_string(),
+        Err(_) => format!("hex:{}", cursor.iter().map(|b| format!("{b:02x}")).collect::<String>()),
+    }
+}
+
+pub fn decode_cursor(text: &str) -> Vec<u8> {
+    let hex = |s: &str| -> Option<Vec<u8>> {
+        s.len().is_multiple_of(2)
+            .then(|| (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok()).collect())
+            .flatten()
+    };
+    text.strip_prefix("hex:").and_then(hex).unwrap_or_else(|| text.as_bytes().to_vec())
+}
+
 /// Why a legacy key has no v1 key in this drain's region.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Unmigratable {
@@ -48,8 +68,9 @@ pub fn v1_key_for(
     if !is_dns_label(named) {
         return Err(malformed(format!("region {named:?} is not a DNS label")));
     }
-    if cluster.contains('/') || cluster.chars().any(char::is_whitespace) {
-        return Err(malformed(format!("cluster {cluster:?} cannot be a key segment")));
+    if !crate::keys::is_key_segment(cluster) {
+        let shown: String = cluster.chars().take(80).collect();
+        return Err(malformed(format!("cluster {shown:?} cannot be a key segment")));
     }
     if named != region {
         return Err(Unmigratable::Foreign { region: named.to_string() });
@@ -217,6 +238,18 @@ impl DrainReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cursor_after_a_key_that_is_not_utf8_is_kept_byte_for_byte() {
+        let text = b"/aether/services/web/protocols/http/endpoints/10.0.0.1\0".to_vec();
+        assert_eq!(encode_cursor(&text), String::from_utf8(text.clone()).unwrap(), "earlier records read the same");
+        assert_eq!(decode_cursor(&encode_cursor(&text)), text);
+        let raw = [b"/aether/services/".to_vec(), vec![0xff, 0xfe, 0x00]].concat();
+        assert!(encode_cursor(&raw).starts_with("hex:"));
+        assert_eq!(decode_cursor(&encode_cursor(&raw)), raw);
+        // Lossy text would have put the cursor past every key between 0xff 0xfe and U+FFFD.
+        assert_ne!(String::from_utf8_lossy(&raw).as_bytes(), &raw[..]);
+    }
 
     const PREFIX: &str = "/aether/services/";
 

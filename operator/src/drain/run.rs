@@ -77,7 +77,10 @@ impl DrainSettings {
 /// A legacy key as read.
 #[derive(Clone, Debug)]
 struct Legacy {
+    /// The key as text (a key that is not UTF-8 never parses as an endpoint: it is skipped).
     key: String,
+    /// The key as etcd has it: the next page starts after these bytes, not after the text's.
+    raw_key: Vec<u8>,
     value: Vec<u8>,
     mod_revision: i64,
 }
@@ -341,7 +344,11 @@ async fn copy_pass(
         record.copy_revision = head_revision(&mut kv, settings).await?;
         record.copy_cursor = Some(settings.legacy_prefix.clone());
     }
-    let mut cursor = record.copy_cursor.clone().unwrap_or_else(|| settings.legacy_prefix.clone()).into_bytes();
+    let mut cursor = record
+        .copy_cursor
+        .as_deref()
+        .map(super::plan::decode_cursor)
+        .unwrap_or_else(|| settings.legacy_prefix.clone().into_bytes());
     let page = (settings.batch_size * settings.parallelism.max(1) * 2) as i64;
     let started = Instant::now();
     let seen_before = record.report.legacy_seen;
@@ -367,9 +374,9 @@ async fn copy_pass(
         copy_all(client, settings, fence, &legacy, &mut record.report).await?;
         match legacy.last() {
             Some(last) if more => {
-                cursor = last.key.clone().into_bytes();
+                cursor = last.raw_key.clone();
                 cursor.push(0);
-                record.copy_cursor = Some(String::from_utf8_lossy(&cursor).into_owned());
+                record.copy_cursor = Some(super::plan::encode_cursor(&cursor));
             }
             _ => record.copy_cursor = None,
         }
@@ -467,6 +474,7 @@ impl Legacy {
     fn from_kv(kv: &etcd_client::KeyValue) -> Self {
         Legacy {
             key: String::from_utf8_lossy(kv.key()).to_string(),
+            raw_key: kv.key().to_vec(),
             value: kv.value().to_vec(),
             mod_revision: kv.mod_revision(),
         }

@@ -17,7 +17,9 @@
 //!
 //! The decisions are `Gate::admit` (pure, the clock passed in); the reviews are the IO.
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
-use k8s_openapi::api::authorization::v1::{NonResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
+use k8s_openapi::api::authorization::v1::{
+    NonResourceAttributes, ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
 use kube::api::{Api, PostParams};
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -184,6 +186,53 @@ impl Authorizer {
             self.metrics.token_reviewed(decision.outcome());
         }
         Ok(decision)
+    }
+
+    /// Whether the caller with `token` may itself `get` each of `objects` (resource, namespace,
+    /// name): what the doctor reads with the operator's rights, it reads only for a caller who
+    /// may read it too. The first it may not, if any. Reviewed every time (a doctor run is rare).
+    pub async fn may_read(
+        &self,
+        token: &str,
+        objects: &[(&'static str, String, String)],
+    ) -> Result<Option<String>, kube::Error> {
+        let _permit = self.reviews.acquire().await.expect("the semaphore is never closed");
+        let review = TokenReview {
+            spec: TokenReviewSpec { token: Some(token.to_string()), ..Default::default() },
+            ..Default::default()
+        };
+        let reviewed = Api::<TokenReview>::all(self.client.clone()).create(&PostParams::default(), &review).await?;
+        let Some(status) = reviewed.status.filter(|s| s.authenticated == Some(true)) else {
+            return Ok(Some("the token is not valid".into()));
+        };
+        let user = status.user.unwrap_or_default();
+        let name: String = user.username.clone().unwrap_or_default().chars().take(256).collect();
+        for (resource, namespace, object) in objects {
+            let access = SubjectAccessReview {
+                spec: SubjectAccessReviewSpec {
+                    user: user.username.clone(),
+                    uid: user.uid.clone(),
+                    groups: user.groups.clone(),
+                    extra: user.extra.clone(),
+                    resource_attributes: Some(ResourceAttributes {
+                        group: Some(if *resource == "secrets" { String::new() } else { crate::api::GROUP.to_string() }),
+                        resource: Some(resource.to_string()),
+                        namespace: Some(namespace.clone()),
+                        name: Some(object.clone()),
+                        verb: Some("get".into()),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            let reviewed =
+                Api::<SubjectAccessReview>::all(self.client.clone()).create(&PostParams::default(), &access).await?;
+            if !reviewed.status.as_ref().is_some_and(|s| s.allowed) {
+                return Ok(Some(format!("{name} may not get {resource} {namespace}/{object}")));
+            }
+        }
+        Ok(None)
     }
 
     async fn ask(&self, token: &str, path: &'static str) -> Result<Decision, kube::Error> {

@@ -161,7 +161,28 @@ async fn doctor_handler(
     let Some(client) = state.client.clone() else {
         return (StatusCode::SERVICE_UNAVAILABLE, "this instance has no API client\n").into_response();
     };
+    // The doctor reads the RegionPeering and its Secrets with the operator's rights: only for a
+    // caller who may read each of them itself.
+    let (Some(authorizer), Some(token)) = (state.authorizer.as_ref(), bearer_token(&headers)) else {
+        return (StatusCode::UNAUTHORIZED, "a bearer token is required\n").into_response();
+    };
+    let mut objects = vec![("regionpeerings", namespace.clone(), name.clone())];
     let api: Api<crate::api::RegionPeering> = Api::namespaced(client.clone(), &namespace);
+    if let Ok(Some(rp)) = api.get_opt(&name).await {
+        let secrets = std::iter::once(&rp.spec.local_etcd.tls)
+            .chain(rp.spec.peers.iter().map(|p| &p.tls))
+            .flatten()
+            .map(|tls| ("secrets", namespace.clone(), tls.secret_ref.name.clone()));
+        objects.extend(secrets);
+    }
+    match authorizer.may_read(token, &objects).await {
+        Ok(None) => {}
+        Ok(Some(why)) => return (StatusCode::FORBIDDEN, format!("{why}\n")).into_response(),
+        Err(e) => {
+            warn!(error = %e, "cannot review a caller's access to the doctor's objects");
+            return (StatusCode::SERVICE_UNAVAILABLE, "cannot reach the API server to check access\n").into_response();
+        }
+    }
     let rp = match api.get_opt(&name).await {
         Ok(Some(rp)) => rp,
         Ok(None) => return (StatusCode::NOT_FOUND, format!("no RegionPeering {namespace}/{name}\n")).into_response(),

@@ -501,14 +501,50 @@ impl Owner {
         encode_current(self)
     }
 
+    /// Decodes an owner record. Its strings were written on a peer, where another region's user
+    /// may write, and reach events and conditions: each is cut to [`MAX_RECORD_STRING`] chars.
     pub fn decode(bytes: &[u8]) -> Option<Owner> {
-        decode_known(bytes)
+        let mut owner: Owner = decode_known(bytes)?;
+        for field in [&mut owner.owner, &mut owner.acquired_at, &mut owner.peer] {
+            cap(field);
+        }
+        if let Some(object) = owner.object.as_mut() {
+            for field in [&mut object.namespace, &mut object.name, &mut object.uid, &mut object.cluster] {
+                cap(field);
+            }
+        }
+        Some(owner)
+    }
+}
+
+/// The most chars a string read from a peer's record keeps.
+pub const MAX_RECORD_STRING: usize = 253;
+
+fn cap(s: &mut String) {
+    if let Some((cut, _)) = s.char_indices().nth(MAX_RECORD_STRING) {
+        s.truncate(cut);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_owner_record_from_a_peer_reaches_people_with_bounded_strings() {
+        let long = "é".repeat(10_000);
+        let written = Owner {
+            owner: long.clone(),
+            peer: long.clone(),
+            object: Some(OwningObject { namespace: long.clone(), name: "a".into(), uid: long.clone(), cluster: long }),
+            ..Default::default()
+        };
+        let read = Owner::decode(&written.encode()).unwrap();
+        assert_eq!(read.owner.chars().count(), MAX_RECORD_STRING);
+        assert_eq!(read.peer.chars().count(), MAX_RECORD_STRING);
+        let object = read.object.unwrap();
+        assert!(object.describe().chars().count() < 4 * MAX_RECORD_STRING + 100);
+    }
 
     #[test]
     fn roundtrips_and_tolerates_garbage() {
