@@ -204,6 +204,11 @@ struct RunArgs {
     /// refused duplicate claim on a region names the cluster the other claim lives in.
     #[arg(long, env = "AETHER_CLUSTER_NAME", default_value = "")]
     cluster_name: String,
+    /// MiB the mirror holds at most for writes on their way (revisions received and not applied,
+    /// Txns in flight, sync pages read ahead), all workers together; about a third of the pod's
+    /// memory limit (the chart's is 256Mi).
+    #[arg(long, env = "AETHER_MEMORY_BUDGET_MIB", default_value_t = 96)]
+    memory_budget_mib: usize,
 }
 
 fn init_tracing(format: LogFormat) {
@@ -359,6 +364,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         refresh_interval: Duration::from_secs(args.refresh_seconds.max(1)),
         leader_lease: format!("{}/{}", args.leader_lease_namespace, args.leader_lease_name),
         cluster_name: args.cluster_name.clone(),
+        memory: aether_operator::mirror::MemoryBudget::new(args.memory_budget_mib.max(8) << 20),
     };
     let leader_settings = leader::LeaderSettings {
         lease_name: args.leader_lease_name.clone(),

@@ -526,3 +526,23 @@ async fn a_completed_drain_following_an_idle_registry_writes_nothing() {
     cancel.cancel();
     task.await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn a_legacy_prefix_of_mebibyte_values_drains_in_pages_and_txns_sized_by_bytes() {
+    let etcd = EtcdServer::start("drain-large").await.unwrap();
+    let mut c = Client::connect([etcd.endpoint()], None).await.unwrap();
+    // 60 endpoints whose values carry a mebibyte each (within etcd's default 1.5 MiB request).
+    let padding = "p".repeat(1 << 20);
+    let value = format!(r#"{{"zone":"z","address":"x","padding":"{padding}"}}"#);
+    for i in 0..60 {
+        c.put(legacy_key(i), value.as_str(), None).await.unwrap();
+    }
+    let report = run_drain(&c, &settings()).await;
+    assert_eq!((report.copied, report.deleted, report.skipped), (60, 60, 0), "{report:?}");
+    assert_eq!(count(&mut c, "/aether/services/").await, 0);
+    for i in [0, 59] {
+        let v1 = EndpointKeyV0::parse(&legacy_key(i)).unwrap().to_v1("dflt", "dflt-c").to_string();
+        let copied = c.get(v1, None).await.unwrap();
+        assert_eq!(copied.kvs().first().map(|kv| kv.value().len()), Some(value.len()), "{i}");
+    }
+}

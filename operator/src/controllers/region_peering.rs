@@ -34,6 +34,8 @@ pub struct ControllerSettings {
     pub leader_lease: String,
     /// This Kubernetes cluster's name ("": not given), recorded with each mirror's owner.
     pub cluster_name: String,
+    /// The bytes every worker of the process holds for writes on their way, together.
+    pub memory: Arc<mirror::MemoryBudget>,
 }
 
 struct Running {
@@ -685,6 +687,8 @@ struct Shares {
     syncs: Arc<mirror::SyncSlots>,
     /// Where their panics are counted (the process's).
     supervision: Arc<crate::supervise::Supervision>,
+    /// The process's memory budget.
+    memory: Arc<mirror::MemoryBudget>,
 }
 
 /// The object's shares: one for all its workers; the budget replaced when its rate changes, the
@@ -697,6 +701,7 @@ fn shares(ctx: &Context, key: &str, spec: &RegionPeeringSpec) -> Shares {
         peers: Default::default(),
         syncs: Default::default(),
         supervision: ctx.supervision.clone(),
+        memory: ctx.settings.memory.clone(),
     });
     if shares.verify.keys_per_second() != rate {
         shares.verify = Arc::new(mirror::VerifyBudget::new(rate));
@@ -708,6 +713,7 @@ fn shares(ctx: &Context, key: &str, spec: &RegionPeeringSpec) -> Shares {
 fn mirror_config(spec: &RegionPeeringSpec, peer: &str, owner: &str, shares: Shares) -> MirrorConfig {
     let mut c = MirrorConfig::new(&spec.region, peer, owner);
     c.supervision = shares.supervision;
+    c.memory = shares.memory;
     c.verify_budget = shares.verify;
     c.origin_peers = shares.peers;
     c.sync_slots = shares.syncs;
@@ -951,6 +957,7 @@ mod tests {
             peers: Default::default(),
             syncs: Default::default(),
             supervision: Default::default(),
+            memory: Default::default(),
         };
         let defaults = mirror_config(&spec(serde_json::json!({})), "b", "w", budget());
         let worker = MirrorConfig::new("a", "b", "w");

@@ -23,6 +23,40 @@ pub enum Decision {
     Foreign { region: String },
 }
 
+/// Bytes one page of legacy keys aims at: its size in keys follows the largest key-value seen.
+pub const DRAIN_PAGE_BYTES: usize = 8 << 20;
+/// Bytes of values one copy Txn carries at most: under etcd's default request limit (1.5 MiB).
+pub const DRAIN_TXN_BYTES: usize = 1 << 20;
+/// Keys of the first page, before any size is known.
+pub const FIRST_PAGE: i64 = 32;
+
+/// The next page's size in keys: as many as fit in [`DRAIN_PAGE_BYTES`] at the largest key-value
+/// seen so far (0: none seen yet, the first page's), between 8 and `most`.
+pub fn next_page(largest_seen: usize, most: i64) -> i64 {
+    if largest_seen == 0 {
+        return FIRST_PAGE.min(most).max(1);
+    }
+    ((DRAIN_PAGE_BYTES / largest_seen.max(1)) as i64).clamp(8.min(most), most.max(1))
+}
+
+/// Consecutive batches of the items sized `sizes`: at most `count` items and `bytes` each (an item
+/// larger than `bytes` goes alone).
+pub fn batches_by_bytes(sizes: &[usize], count: usize, bytes: usize) -> Vec<std::ops::Range<usize>> {
+    let mut batches = Vec::new();
+    let (mut start, mut held) = (0, 0usize);
+    for (i, size) in sizes.iter().enumerate() {
+        if i > start && (i - start >= count.max(1) || held + size > bytes) {
+            batches.push(start..i);
+            (start, held) = (i, 0);
+        }
+        held += size;
+    }
+    if start < sizes.len() {
+        batches.push(start..sizes.len());
+    }
+    batches
+}
+
 /// The copy's cursor as the drain's record keeps it (text): a cursor of UTF-8 as it is (what
 /// earlier versions wrote), any other as `hex:` and its bytes, so that a key that is not UTF-8
 /// at a page's end never skips the keys after it. A cursor starts with the legacy prefix's `/`,
@@ -36,7 +70,8 @@ pub fn encode_cursor(cursor: &[u8]) -> String {
 
 pub fn decode_cursor(text: &str) -> Vec<u8> {
     let hex = |s: &str| -> Option<Vec<u8>> {
-        s.len().is_multiple_of(2)
+        s.len()
+            .is_multiple_of(2)
             .then(|| (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).ok()).collect())
             .flatten()
     };
@@ -238,6 +273,19 @@ impl DrainReport {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pages_and_txns_follow_the_values_sizes() {
+        assert_eq!(next_page(0, 1600), FIRST_PAGE);
+        assert_eq!(next_page(200, 1600), 1600, "small values: the count bound");
+        assert_eq!(next_page(1 << 20, 1600), 8, "mebibyte values: 8 MiB a page");
+        assert_eq!(next_page(64 << 10, 1600), 128);
+        let sizes = [600_000, 600_000, 100, 100, 2_000_000, 5];
+        let batches = batches_by_bytes(&sizes, 100, 1 << 20);
+        assert_eq!(batches, vec![0..1, 1..4, 4..5, 5..6], "no batch past a mebibyte but a lone large value");
+        assert_eq!(batches_by_bytes(&[1; 250], 100, 1 << 20), vec![0..100, 100..200, 200..250]);
+        assert!(batches_by_bytes(&[], 100, 1).is_empty());
+    }
 
     #[test]
     fn a_cursor_after_a_key_that_is_not_utf8_is_kept_byte_for_byte() {

@@ -349,13 +349,15 @@ async fn copy_pass(
         .as_deref()
         .map(super::plan::decode_cursor)
         .unwrap_or_else(|| settings.legacy_prefix.clone().into_bytes());
-    let page = (settings.batch_size * settings.parallelism.max(1) * 2) as i64;
+    let most = (settings.batch_size * settings.parallelism.max(1) * 2) as i64;
+    let mut largest = 0usize;
     let started = Instant::now();
     let seen_before = record.report.legacy_seen;
     loop {
         if cancel.is_cancelled() {
             return Ok(());
         }
+        let page = super::plan::next_page(largest, most);
         let (legacy, more) = match legacy_page(&mut kv, settings, &end, &cursor, record.copy_revision, page).await {
             Ok(page) => page,
             Err(e) if is_compacted(&e) => {
@@ -371,6 +373,7 @@ async fn copy_pass(
             }
             Err(e) => return Err(e),
         };
+        largest = largest.max(legacy.iter().map(|l| l.raw_key.len() + l.value.len()).max().unwrap_or(0));
         copy_all(client, settings, fence, &legacy, &mut record.report).await?;
         match legacy.last() {
             Some(last) if more => {
@@ -403,9 +406,12 @@ async fn catch_up(
     let end = prefix_range_end(settings.legacy_prefix.as_bytes());
     let at = head_revision(&mut kv, settings).await?;
     let mut cursor = settings.legacy_prefix.clone().into_bytes();
-    let page = (settings.batch_size * settings.parallelism.max(1) * 2) as i64;
+    let most = (settings.batch_size * settings.parallelism.max(1) * 2) as i64;
+    let mut largest = 0usize;
     loop {
-        let (legacy, more) = legacy_page(&mut kv, settings, &end, &cursor, at, page).await?;
+        let (legacy, more) =
+            legacy_page(&mut kv, settings, &end, &cursor, at, super::plan::next_page(largest, most)).await?;
+        largest = largest.max(legacy.iter().map(|l| l.raw_key.len() + l.value.len()).max().unwrap_or(0));
         let changed: Vec<Legacy> = legacy.iter().filter(|l| l.mod_revision > since).cloned().collect();
         // Counted once already by the copy: a catch-up copy is a conflict resolved, not a new key.
         let mut report = DrainReport::default();
@@ -415,7 +421,7 @@ async fn catch_up(
         progress.send_replace(record.report.clone());
         match legacy.last() {
             Some(last) if more => {
-                cursor = last.key.clone().into_bytes();
+                cursor = last.raw_key.clone();
                 cursor.push(0);
             }
             _ => return Ok(at),
@@ -432,11 +438,14 @@ async fn copy_all(
     report: &mut DrainReport,
 ) -> anyhow::Result<()> {
     let mut inflight = FuturesUnordered::new();
-    for batch in legacy.chunks(settings.batch_size.max(1)) {
+    // Batches by count and by bytes: a batch of mebibyte values in one Txn is past any request
+    // etcd takes, and would fail for ever.
+    let sizes: Vec<usize> = legacy.iter().map(|l| l.raw_key.len() * 2 + l.value.len()).collect();
+    for range in super::plan::batches_by_bytes(&sizes, settings.batch_size.max(1), super::plan::DRAIN_TXN_BYTES) {
         while inflight.len() >= settings.parallelism.max(1) {
             merge(report, inflight.next().await.expect("non-empty")?);
         }
-        inflight.push(copy_batch(client.clone(), settings.clone(), fence.clone(), batch.to_vec()));
+        inflight.push(copy_batch(client.clone(), settings.clone(), fence.clone(), legacy[range].to_vec()));
     }
     while let Some(result) = inflight.next().await {
         merge(report, result?);
@@ -838,7 +847,8 @@ async fn delete_pass(
     let mut pending = 0usize;
     let mut inflight = FuturesUnordered::new();
     let parallelism = settings.parallelism.max(1);
-    let page = (settings.batch_size.max(1) * parallelism * 2) as i64;
+    let most = (settings.batch_size.max(1) * parallelism * 2) as i64;
+    let mut largest = 0usize;
     let report = &mut record.report;
     let mut settle = |report: &mut DrainReport, outcome: DeleteOutcome| {
         report.deleted += outcome.deleted;
@@ -851,7 +861,9 @@ async fn delete_pass(
         if cancel.is_cancelled() {
             break;
         }
-        let (legacy, more) = legacy_page(&mut kv, settings, &end, &cursor, revision, page).await?;
+        let (legacy, more) =
+            legacy_page(&mut kv, settings, &end, &cursor, revision, super::plan::next_page(largest, most)).await?;
+        largest = largest.max(legacy.iter().map(|l| l.raw_key.len() + l.value.len()).max().unwrap_or(0));
         // Keys seen by the copy are not seen again: only what a delete round copies counts.
         // One op of each delete Txn is the drain's mark: 127 deletes at most beside it.
         for batch in legacy.chunks(settings.batch_size.clamp(1, 127)) {
@@ -863,7 +875,7 @@ async fn delete_pass(
         progress.send_replace(report.clone());
         match legacy.last() {
             Some(last) if more => {
-                cursor = last.key.clone().into_bytes();
+                cursor = last.raw_key.clone();
                 cursor.push(0);
             }
             _ => break,

@@ -77,6 +77,9 @@ pub struct MirrorConfig {
     /// Where the worker's and its keeper's panics are counted (the process's, from the
     /// controller; `new` gives each worker its own).
     pub supervision: Arc<crate::supervise::Supervision>,
+    /// The bytes held for writes on their way, shared by the process's workers (`memory.rs`);
+    /// `new` gives each worker its own.
+    pub memory: Arc<super::memory::MemoryBudget>,
 }
 
 impl MirrorConfig {
@@ -112,6 +115,7 @@ impl MirrorConfig {
             checkpoint_shards_per_part: super::records::checkpoint::SHARDS_PER_PART,
             max_resync_delete_percent: DEFAULT_MAX_RESYNC_DELETE_PERCENT,
             supervision: Arc::default(),
+            memory: Arc::default(),
         }
     }
 }

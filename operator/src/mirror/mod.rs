@@ -28,6 +28,7 @@ pub mod detector;
 pub mod health;
 pub mod inbound;
 pub mod leases;
+pub mod memory;
 pub mod plan;
 pub mod problem;
 pub mod records;
@@ -43,6 +44,7 @@ pub mod worker;
 
 pub use config::{DEFAULT_MAX_RESYNC_DELETE_PERCENT, DEFAULT_VERIFY_KEYS_PER_SECOND, MirrorConfig};
 pub use health::{MirrorEvent, PeerHealth, Phase, Refusal, RenewalShortfall, ResyncCause};
+pub use memory::MemoryBudget;
 pub use records::checkpoint::OwningObject;
 pub use sync_slots::{FULL_SYNCS_AT_ONCE, SyncSlots};
 pub use target::EtcdTarget;

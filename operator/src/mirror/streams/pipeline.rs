@@ -224,6 +224,11 @@ impl Pipeline {
         meta.bytes += bytes;
     }
 
+    /// Bytes of the revisions received and not landed (in flight included).
+    pub fn pending_bytes(&self) -> usize {
+        self.pending_bytes
+    }
+
     /// Whether the pending revisions are within the bounds (else the watch is not read).
     pub fn has_room(&self, max_ops: usize, max_bytes: usize) -> bool {
         self.pending_ops < max_ops && self.pending_bytes < max_bytes

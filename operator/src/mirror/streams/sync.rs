@@ -26,6 +26,9 @@ use futures::StreamExt;
 use std::collections::VecDeque;
 use tracing::{Instrument, debug, info, warn};
 
+/// How long a sync's page reader waits for the process's memory budget to have room.
+const PAGE_ROOM_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Lease grants in flight at once when a sync lays out its leases: the layout of 100k keys
 /// (256 leases) in one round trip, 16k in 64 rather than all at once.
 const GRANTS_IN_FLIGHT: usize = 256;
@@ -187,7 +190,7 @@ impl Worker {
         state: &State,
         epoch: i64,
     ) -> anyhow::Result<Option<String>> {
-        let mut txns = SyncTxns::new(copy.pace.clone());
+        let mut txns = SyncTxns::new(copy.pace.clone(), self.config.memory.share());
         let copied = self.merge_and_write(copy, feeds, &mut txns, spread, state, epoch).await;
         let (window, limit, cuts) = (txns.pace.window(), txns.pace.limit(), txns.pace.cuts());
         self.shared.update(|h| {
@@ -305,9 +308,20 @@ impl Worker {
     /// Reads one side's pages one ahead of the merge: the next page is read once the last one
     /// is taken, and sent with whether it is the last. A failed read is sent too, and ends it.
     async fn read_pages(&self, client: &Client, mut pages: Pages, range_end: &[u8], feed: PageFeed) {
+        // The last page read, as a share of the process's memory budget: the next one is read
+        // once the process has room, or after a second at most (the merge waits for it, and a
+        // share that waited for the others' could wait for ever).
+        let mut held = self.config.memory.share();
         while !pages.done {
             let Ok(room) = feed.reserve().await else { return }; // the copy ended
+            let waited = std::time::Instant::now();
+            while !held.may_grow() && waited.elapsed() < PAGE_ROOM_WAIT {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
             let read = self.next_page(client, &mut pages, range_end).await;
+            if let Ok(kvs) = &read {
+                held.set(kvs.iter().map(|kv| kv.key.len() + kv.value.len()).sum());
+            }
             let failed = read.is_err();
             room.send(read.map(|kvs| (kvs, pages.done)));
             if failed {
@@ -590,14 +604,16 @@ struct SyncTxns {
     /// queued at a peer that has no queue). Aborted when the sync ends.
     txns: tokio::task::JoinSet<Landed>,
     bytes: usize,
+    /// The bytes in flight as a share of the process's memory budget.
+    held: crate::mirror::memory::Held,
     pace: SyncPace,
     /// When the last Txn landed: below one Txn in flight the next waits from then.
     last_landed: Option<std::time::Instant>,
 }
 
 impl SyncTxns {
-    fn new(pace: SyncPace) -> Self {
-        SyncTxns { txns: tokio::task::JoinSet::new(), bytes: 0, pace, last_landed: None }
+    fn new(pace: SyncPace, held: crate::mirror::memory::Held) -> Self {
+        SyncTxns { txns: tokio::task::JoinSet::new(), bytes: 0, held, pace, last_landed: None }
     }
 
     /// Sends a Txn.
@@ -607,6 +623,7 @@ impl SyncTxns {
         bytes: usize,
     ) {
         self.bytes += bytes;
+        self.held.set(self.bytes);
         let sent = std::time::Instant::now();
         let timed = async move {
             let result = apply.await;
@@ -620,6 +637,7 @@ impl SyncTxns {
         let Landed { result, bytes, took, at } =
             joined.map_err(|e| anyhow!("a sync Txn's task ended without an answer: {e}"))?;
         self.bytes -= bytes;
+        self.held.set(self.bytes);
         // Counted by cuts, not by the whole window: cuts below one Txn in flight (waits between
         // Txns) change no whole window, and went unsaid.
         let cuts = self.pace.cuts();
@@ -644,7 +662,8 @@ impl SyncTxns {
     async fn make_room(&mut self, bytes: usize, spread: &mut Spread) -> anyhow::Result<Option<String>> {
         loop {
             let window = self.pace.window().min(spread.carries());
-            if self.txns.len() < window && (self.txns.is_empty() || self.bytes + bytes <= MAX_SYNC_INFLIGHT_BYTES) {
+            let fits = self.bytes + bytes <= MAX_SYNC_INFLIGHT_BYTES && self.held.may_grow();
+            if self.txns.len() < window && (self.txns.is_empty() || fits) {
                 let since = self.last_landed.map_or(std::time::Duration::MAX, |at| at.elapsed());
                 let hold = self.pace.hold(since);
                 if !hold.is_zero() {

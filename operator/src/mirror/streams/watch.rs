@@ -91,6 +91,8 @@ struct Verifying {
 struct Watching {
     stream: WatchStream,
     pipeline: Pipeline,
+    /// The pending revisions' share of the process's memory budget.
+    held: crate::mirror::memory::Held,
     txns: JoinSet<Answer>,
     epoch: i64,
     watch_from: i64,
@@ -209,6 +211,7 @@ impl Worker {
         Ok(Watching {
             stream,
             pipeline: Pipeline::new(state.applied, state.peer_may_hold_through),
+            held: self.config.memory.share(),
             txns: JoinSet::new(),
             epoch,
             watch_from,
@@ -264,7 +267,7 @@ impl Worker {
     /// Whether the pending revisions are within their bounds, so that the watch is read. A watch
     /// not read is not stalled; a catch-up that reached the bounds applies what it holds.
     fn has_room(&self, w: &mut Watching) -> bool {
-        if w.pipeline.has_room(self.config.max_pending_ops, self.config.max_pending_bytes) {
+        if self.room(w) {
             return true;
         }
         w.last_message = Instant::now();
@@ -272,6 +275,13 @@ impl Worker {
             warn!(writes, "the catch-up outgrew the pending bounds before the watch caught up: applying what it holds");
         }
         false
+    }
+
+    /// Whether the pending revisions may grow: within this worker's bounds, and the process's
+    /// memory budget has room (or this watch holds nothing pending).
+    fn room(&self, w: &mut Watching) -> bool {
+        w.held.set(w.pipeline.pending_bytes());
+        w.pipeline.has_room(self.config.max_pending_ops, self.config.max_pending_bytes) && w.held.may_grow()
     }
 
     async fn on_keeper_signal(
@@ -392,7 +402,7 @@ impl Worker {
             let (newest, ended_catch_up) = self.take_response(&response, w, state);
             seen = seen.max(newest);
             caught_up |= ended_catch_up;
-            let room = w.pipeline.has_room(self.config.max_pending_ops, self.config.max_pending_bytes);
+            let room = self.room(w);
             if read >= WATCH_DRAIN_RESPONSES || !(room || w.fragment_open) {
                 break;
             }
@@ -492,7 +502,7 @@ impl Worker {
             self.shared.update(|h| h.peer_connections = 1);
         }
         // Not reading (the pending bounds are reached) is not a stalled watch.
-        let room = w.pipeline.has_room(self.config.max_pending_ops, self.config.max_pending_bytes);
+        let room = self.room(w);
         if room && w.last_message.elapsed() > w.stall_after {
             // etcd (3.6 at least) answers no progress request while a watcher starts past the
             // store's revision: an origin etcd nobody wrote to since the watch began is silent,
