@@ -191,8 +191,23 @@ impl WorkerProcess {
         }
     }
 
+    /// A successor as `start_successor`, with a memory budget of `mib` for all its workers.
+    pub fn start_successor_within(origin: &str, peers: &[(String, String)], mib: usize) -> anyhow::Result<Self> {
+        Self::spawn_with(&["--successor"], origin, peers, &[("AETHER_BENCH_MEMORY_MIB", mib.to_string())])
+    }
+
     fn spawn(flags: &[&str], origin: &str, peers: &[(String, String)]) -> anyhow::Result<Self> {
+        Self::spawn_with(flags, origin, peers, &[])
+    }
+
+    fn spawn_with(
+        flags: &[&str],
+        origin: &str,
+        peers: &[(String, String)],
+        env: &[(&str, String)],
+    ) -> anyhow::Result<Self> {
         let mut cmd = Command::new(std::env::current_exe()?);
+        cmd.envs(env.iter().map(|(k, v)| (*k, v.as_str())));
         cmd.arg("worker").args(flags);
         cmd.arg(origin);
         for (name, endpoint) in peers {
@@ -277,6 +292,9 @@ pub async fn worker_process(args: &[String]) -> anyhow::Result<()> {
     let peers = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(args.len().saturating_sub(1)));
     // And the full syncs they take turns at.
     let syncs = std::sync::Arc::new(mirror::SyncSlots::default());
+    // And one memory budget, the operator's default unless AETHER_BENCH_MEMORY_MIB says otherwise.
+    let memory_mib = std::env::var("AETHER_BENCH_MEMORY_MIB").ok().and_then(|m| m.parse::<usize>().ok()).unwrap_or(96);
+    let memory = mirror::MemoryBudget::new(memory_mib << 20);
     for spec in &args[1..] {
         let (peer, endpoint) = spec.split_once('=').ok_or_else(|| anyhow::anyhow!("peer as region=endpoint"))?;
         let (tx, rx) = tokio::sync::mpsc::channel(1024);
@@ -288,6 +306,7 @@ pub async fn worker_process(args: &[String]) -> anyhow::Result<()> {
                     verify_budget: budget.clone(),
                     origin_peers: peers.clone(),
                     sync_slots: syncs.clone(),
+                    memory: memory.clone(),
                     ..match &region {
                         Some(region) => MirrorConfig::new(region, peer, &format!("mesh-{region}-{peer}")),
                         None if successor => {
