@@ -15,7 +15,11 @@ const PEERS: usize = 4;
 const LARGE_VALUES: usize = 150;
 
 pub async fn bench_memory(table: &mut Table) -> anyhow::Result<()> {
+    let only: Option<usize> = std::env::var("AETHER_BENCH_MEMORY_ONLY").ok().and_then(|m| m.parse().ok());
     for (label, mib) in [("process budget 96 MiB", 96usize), ("per-worker bounds only", 1 << 20)] {
+        if only.is_some_and(|o| o != mib) {
+            continue;
+        }
         println!("memory: failover catch-up of {LARGE_VALUES} x 1 MiB into {PEERS} peers ({label})");
         let origin = EtcdServer::start("mem-a").await?;
         let names: Vec<String> = (0..PEERS).map(|i| format!("mem-p{i}")).collect();

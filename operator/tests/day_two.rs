@@ -190,6 +190,28 @@ async fn patch_spec(api: &Api<RegionPeering>, spec: serde_json::Value) {
         .unwrap();
 }
 
+/// A Secret `peer-b` with the CA of the TLS cluster `peer` and a client certificate.
+fn peer_secret(
+    peer: &aether_harness::EtcdCluster,
+    cert: &aether_harness::CertFiles,
+) -> k8s_openapi::api::core::v1::Secret {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "peer-b", "namespace": NS},
+        "stringData": {
+            "ca.crt": std::fs::read_to_string(peer.ca_cert().unwrap()).unwrap(),
+            "tls.crt": std::fs::read_to_string(&cert.cert).unwrap(),
+            "tls.key": std::fs::read_to_string(&cert.key).unwrap(),
+        }
+    }))
+    .unwrap()
+}
+
+/// A client of the TLS cluster `peer`, as root.
+async fn root_of(peer: &aether_harness::EtcdCluster) -> Client {
+    let tls = etcd_client::ConnectOptions::new().with_tls(support::etcd::tls_for(peer, "root"));
+    support::etcd::connect(&peer.endpoints(), Some(tls)).await
+}
+
 /// The count of `origin`'s keys in an etcd.
 async fn copy_of(peer: &Client, origin: &str) -> i64 {
     let options = etcd_client::GetOptions::new().with_prefix().with_count_only();
@@ -228,17 +250,7 @@ async fn bad_changes_are_refused_and_the_copies_stay_whole(timing: Timing) {
     let client = prepare(&apiserver).await;
     put_endpoints(&a, "a", 500).await;
     let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), NS);
-    let secret = |cert: &aether_harness::CertFiles| -> k8s_openapi::api::core::v1::Secret {
-        serde_json::from_value(serde_json::json!({
-            "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "peer-b", "namespace": NS},
-            "stringData": {
-                "ca.crt": std::fs::read_to_string(b.ca_cert().unwrap()).unwrap(),
-                "tls.crt": std::fs::read_to_string(&cert.cert).unwrap(),
-                "tls.key": std::fs::read_to_string(&cert.key).unwrap(),
-            }
-        }))
-        .unwrap()
-    };
+    let secret = |cert: &aether_harness::CertFiles| peer_secret(&b, cert);
     let good = b.client_cert("root").unwrap();
     secrets.create(&Default::default(), &secret(&good)).await.unwrap();
     let _operator = start_operator(&apiserver, dir.path(), &format!("operator-{tag}"), free_port());
@@ -250,11 +262,7 @@ async fn bad_changes_are_refused_and_the_copies_stay_whole(timing: Timing) {
     rp["spec"]["peers"] = serde_json::json!([b_peer.clone(), c_peer.clone()]);
     create_json(&client, NS, rp).await.unwrap();
     wait_condition(&api, "a", "Ready", "True", Some("AllPeersReady")).await;
-    let b_reader = support::etcd::connect(
-        &b.endpoints(),
-        Some(etcd_client::ConnectOptions::new().with_tls(support::etcd::tls_for(&b, "root"))),
-    )
-    .await;
+    let b_reader = root_of(&b).await;
     let c_reader = Client::connect([c.endpoint()], None).await.unwrap();
     let deletes = [
         support::etcd::count_peer_deletes(&b_reader, "a").await,
@@ -479,16 +487,7 @@ async fn a_namespace_deleted_with_its_secrets_first_still_retires_every_copy_and
     let dir = tempfile::tempdir().unwrap();
     let client = prepare(&apiserver).await;
     put_endpoints(&a, "a", 200).await;
-    let cert = b.client_cert("root").unwrap();
-    let secret: k8s_openapi::api::core::v1::Secret = serde_json::from_value(serde_json::json!({
-        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "peer-b", "namespace": NS},
-        "stringData": {
-            "ca.crt": std::fs::read_to_string(b.ca_cert().unwrap()).unwrap(),
-            "tls.crt": std::fs::read_to_string(&cert.cert).unwrap(),
-            "tls.key": std::fs::read_to_string(&cert.key).unwrap(),
-        }
-    }))
-    .unwrap();
+    let secret = peer_secret(&b, &b.client_cert("root").unwrap());
     let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), NS);
     secrets.create(&Default::default(), &secret).await.unwrap();
     let _operator = start_operator(&apiserver, dir.path(), "operator-nsdel", free_port());
@@ -504,11 +503,7 @@ async fn a_namespace_deleted_with_its_secrets_first_still_retires_every_copy_and
     rp["spec"]["deletionPolicy"] = serde_json::json!("Delete");
     create_json(&client, NS, rp).await.unwrap();
     wait_condition(&api, "a", "Ready", "True", Some("AllPeersReady")).await;
-    let b_reader = support::etcd::connect(
-        &b.endpoints(),
-        Some(etcd_client::ConnectOptions::new().with_tls(support::etcd::tls_for(&b, "root"))),
-    )
-    .await;
+    let b_reader = root_of(&b).await;
     let c_reader = Client::connect([c.endpoint()], None).await.unwrap();
     // The copy, and the records besides the owner record (which stays as a tombstone, so that a
     // deposed worker never takes the retired mirror back).

@@ -14,18 +14,6 @@ use std::time::{Duration, Instant};
 use support::operator::*;
 use support::*;
 
-/// The resident memory of a process, in bytes.
-fn rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|n| n.parse::<u64>().ok())
-        .unwrap_or(0)
-        * 1024
-}
-
 /// What region b's user (or a broken peer) writes into a's etcd: a checkpoint naming 40 parts of
 /// 1.4 MiB, a garbage canary, 300 origin names of which most are not region names (quotes,
 /// newlines, upper case, invalid UTF-8, paths) and 200 that are, and a copy of b with a key that

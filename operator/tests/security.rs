@@ -45,19 +45,18 @@ async fn wait_healthy(port: u16, ca: Option<&Path>) {
     .unwrap();
 }
 
-#[tokio::test]
-async fn metrics_are_served_over_https_only_to_scrapers_the_api_server_allows() {
-    let apiserver = KubeApiserver::start("metrics-auth").await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    prepare(&apiserver).await;
+/// The metrics RBAC, a ServiceAccount `scraper` bound to the metrics reader (and the other
+/// `accounts`), and a serving certificate from a CA the scraper trusts, mounted the way a
+/// cert-manager Secret is: the PKI and the certificate directory.
+fn secure_metrics(apiserver: &KubeApiserver, dir: &Path, accounts: &[&str]) -> (Pki, std::path::PathBuf) {
     for file in ["config/rbac/metrics_auth_role.yaml", "config/rbac/metrics_reader_role.yaml"] {
-        kubectl(&apiserver, &["apply", "-f", repo(file).to_str().unwrap()]);
+        kubectl(apiserver, &["apply", "-f", repo(file).to_str().unwrap()]);
     }
-    for sa in ["scraper", "stranger"] {
-        kubectl(&apiserver, &["create", "serviceaccount", sa, "-n", "aether-system"]);
+    for sa in std::iter::once(&"scraper").chain(accounts) {
+        kubectl(apiserver, &["create", "serviceaccount", sa, "-n", "aether-system"]);
     }
     kubectl(
-        &apiserver,
+        apiserver,
         &[
             "create",
             "clusterrolebinding",
@@ -66,13 +65,21 @@ async fn metrics_are_served_over_https_only_to_scrapers_the_api_server_allows() 
             "--serviceaccount=aether-system:scraper",
         ],
     );
-    // A serving certificate from a CA the scraper trusts, mounted the way a cert-manager Secret is.
-    let pki = Pki::new(dir.path()).unwrap();
+    let pki = Pki::new(dir).unwrap();
     let served = pki.server("metrics").unwrap();
-    let certs = dir.path().join("metrics-certs");
+    let certs = dir.join("metrics-certs");
     std::fs::create_dir_all(&certs).unwrap();
     std::fs::copy(&served.cert, certs.join("tls.crt")).unwrap();
     std::fs::copy(&served.key, certs.join("tls.key")).unwrap();
+    (pki, certs)
+}
+
+#[tokio::test]
+async fn metrics_are_served_over_https_only_to_scrapers_the_api_server_allows() {
+    let apiserver = KubeApiserver::start("metrics-auth").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    prepare(&apiserver).await;
+    let (pki, certs) = secure_metrics(&apiserver, dir.path(), &["stranger"]);
 
     let port = free_port();
     let kubeconfig = service_account_kubeconfig(&apiserver, "aether-system", "aether-operator", "op");
@@ -356,18 +363,6 @@ async fn doctor_checks_a_least_privilege_mtls_peer_and_says_what_to_do() {
     assert!(connect[0]["action"].as_str().unwrap().contains("endpoints"));
 }
 
-/// The resident memory of a process, in bytes.
-fn rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let kb: u64 = status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0);
-    kb * 1024
-}
-
 /// A TLS connection to the operator's port, trusting `ca`.
 async fn tls_to(port: u16, ca: &Path) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
     use rustls_pki_types::pem::PemObject;
@@ -413,26 +408,7 @@ async fn a_flood_of_huge_and_unknown_tokens_and_stalled_handshakes_leaves_memory
             .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let client = prepare(&apiserver).await;
-    for file in ["config/rbac/metrics_auth_role.yaml", "config/rbac/metrics_reader_role.yaml"] {
-        kubectl(&apiserver, &["apply", "-f", repo(file).to_str().unwrap()]);
-    }
-    kubectl(&apiserver, &["create", "serviceaccount", "scraper", "-n", "aether-system"]);
-    kubectl(
-        &apiserver,
-        &[
-            "create",
-            "clusterrolebinding",
-            "scraper-reads-metrics",
-            "--clusterrole=aether-operator-metrics-reader",
-            "--serviceaccount=aether-system:scraper",
-        ],
-    );
-    let pki = Pki::new(dir.path()).unwrap();
-    let served = pki.server("metrics").unwrap();
-    let certs = dir.path().join("metrics-certs");
-    std::fs::create_dir_all(&certs).unwrap();
-    std::fs::copy(&served.cert, certs.join("tls.crt")).unwrap();
-    std::fs::copy(&served.key, certs.join("tls.key")).unwrap();
+    let (pki, certs) = secure_metrics(&apiserver, dir.path(), &[]);
     put_endpoints(&a, "a", 300).await;
     let port = free_port();
     let kubeconfig = service_account_kubeconfig(&apiserver, "aether-system", "aether-operator", "op");

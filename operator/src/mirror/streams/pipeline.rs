@@ -67,9 +67,12 @@ pub(in crate::mirror) struct Gate {
     /// Txns to keep in flight (`watch_depth`).
     pub depth: usize,
     pub limits: TxnLimits,
-    /// Nothing but what is in flight may go: a verification is due, or a fragmented response is
-    /// incomplete.
+    /// Nothing but what is in flight may go: a verification is due.
     pub held: bool,
+    /// A fragmented response is incomplete: its newest revision may be partial and does not go;
+    /// the revisions before it are whole and may (a catch-up of large values arrives as one
+    /// response of many fragments, and holding all of it would hold all of it in memory).
+    pub last_partial: bool,
     /// Renewals are failing: only one Txn in flight at a time.
     pub renewals_failing: bool,
     pub linger: Duration,
@@ -224,6 +227,11 @@ impl Pipeline {
         meta.bytes += bytes;
     }
 
+    /// Revisions received and not sent yet.
+    pub fn undispatched(&self) -> usize {
+        self.pending.len().saturating_sub(self.dispatched)
+    }
+
     /// Bytes of the revisions received and not landed (in flight included).
     pub fn pending_bytes(&self) -> usize {
         self.pending_bytes
@@ -273,8 +281,12 @@ impl Pipeline {
         }
         let already_split = if self.dispatched == 0 { self.split } else { 0 };
         let busy = |key: &[u8]| self.busy.contains_key(&self.hasher.hash_one(key));
+        let whole = if gate.last_partial { self.pending.len().saturating_sub(1) } else { self.pending.len() };
+        if self.dispatched >= whole {
+            return Next::Wait;
+        }
         let planned = next_watch_batch(
-            self.pending.range(self.dispatched..),
+            self.pending.range(self.dispatched..whole),
             already_split,
             self.through_dispatched,
             gate.limits,

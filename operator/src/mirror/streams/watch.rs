@@ -246,7 +246,7 @@ impl Worker {
     async fn wake(&self, w: &mut Watching, spread: &mut Spread, lost_rx: &mut mpsc::Receiver<KeeperSignal>) -> Wake {
         // A fragmented response is read to its end even past the bounds: nothing can be applied
         // before it is complete.
-        let reading = self.has_room(w) || w.fragment_open;
+        let reading = self.has_room(w) || self.must_complete(w);
         let Watching { stream, pipeline, txns, recording, linger, lingering, nudge, verify, splitting, ticker, .. } = w;
         let split_running = splitting.as_ref().is_some_and(Split::running);
         tokio::select! {
@@ -275,6 +275,13 @@ impl Worker {
             warn!(writes, "the catch-up outgrew the pending bounds before the watch caught up: applying what it holds");
         }
         false
+    }
+
+    /// Whether the watch must be read past the pending bounds: a fragmented response is open and
+    /// nothing before its partial revision is left to send (a revision larger than the bounds
+    /// must still arrive whole). With whole revisions left, they go first and make room.
+    fn must_complete(&self, w: &Watching) -> bool {
+        w.fragment_open && w.pipeline.undispatched() <= 1
     }
 
     /// Whether the pending revisions may grow: within this worker's bounds, and the process's
@@ -403,7 +410,7 @@ impl Worker {
             seen = seen.max(newest);
             caught_up |= ended_catch_up;
             let room = self.room(w);
-            if read >= WATCH_DRAIN_RESPONSES || !(room || w.fragment_open) {
+            if read >= WATCH_DRAIN_RESPONSES || !(room || self.must_complete(w)) {
                 break;
             }
             match if_ready(w.stream.message()).await {
@@ -629,7 +636,8 @@ impl Worker {
         let gate = Gate {
             depth: w.depth,
             limits: self.limits(state),
-            held: verify_now || w.fragment_open,
+            held: verify_now,
+            last_partial: w.fragment_open,
             renewals_failing: self.renewals_failing(),
             linger: self.config.watch_linger,
             now: SystemTime::now(),

@@ -16,6 +16,7 @@ fn gate(depth: usize, max_ops: usize) -> Gate {
         depth,
         limits: TxnLimits { max_ops, max_bytes: usize::MAX },
         held: false,
+        last_partial: false,
         renewals_failing: false,
         linger: Duration::ZERO,
         now: SystemTime::now(),
@@ -488,4 +489,21 @@ proptest! {
         }
         prop_assert!(!sim.ended || sim.failures || sim.peer.fenced, "a session ends only on a failure or a fence");
     }
+}
+
+#[test]
+fn while_a_fragmented_response_is_open_its_whole_revisions_go_and_its_last_waits() {
+    let mut pipeline = Pipeline::new(0, None);
+    let now = SystemTime::now();
+    for revision in 1..=3 {
+        pipeline.receive(revision, put(&format!("k{revision}"), "v"), 0, 1, now);
+    }
+    let open = Gate { last_partial: true, ..gate(8, 1) };
+    let sent: Vec<Vec<MirrorOp>> = (0..2).map(|_| send(&mut pipeline, open).ops).collect();
+    assert_eq!(sent, vec![vec![put("k1", "v")], vec![put("k2", "v")]], "revisions 1 and 2 are whole");
+    assert!(matches!(pipeline.next(open), Next::Wait), "revision 3 may have more in the next fragment");
+    assert_eq!(pipeline.undispatched(), 1);
+    pipeline.receive(3, put("k3b", "v"), 0, 1, now);
+    let done = send(&mut pipeline, gate(8, 2));
+    assert_eq!(done.ops, vec![put("k3", "v"), put("k3b", "v")], "the last fragment arrived: revision 3 goes whole");
 }
