@@ -23,7 +23,9 @@ src=$(mktemp -d -t aether-release-XXXXXX)
 trap 'rm -rf "$src"' EXIT
 git archive "$commit" | tar -x -C "$src"
 started=$SECONDS
-(cd "$src" && CARGO_TARGET_DIR="$root/target" cargo build -q -p aether-operator --bin aether-operator)
+# The release's dependencies built as this tree's are (its profile may differ), so they are shared.
+(cd "$src" && CARGO_TARGET_DIR="$root/target" cargo build -q --config 'profile.dev.debug="line-tables-only"' \
+  -p aether-operator --bin aether-operator)
 mkdir -p "$cache.tmp"
 cp "$root/target/debug/aether-operator" "$cache.tmp/aether-operator"
 rm -rf "$cache" && mv "$cache.tmp" "$cache"

@@ -10,6 +10,7 @@ pub mod api;
 pub mod cli;
 pub mod controllers;
 pub mod drain;
+pub mod faults;
 pub mod http;
 pub mod keys;
 pub mod manifests;

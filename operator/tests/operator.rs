@@ -746,3 +746,64 @@ async fn deleting_a_registry_schema_mid_drain_stops_it_and_releases_the_prefix()
     let record = c.get(keys::drain_record_key("/aether/services/"), None).await.unwrap();
     assert_eq!(record.count(), 1, "its progress is recorded for a later RegistrySchema to resume from");
 }
+
+/// How many times the operator's tasks of kind `task` panicked, from its metrics.
+async fn panics(port: u16, task: &str) -> u64 {
+    let line = format!("aether_federation_task_panics_total{{task=\"{task}\"}} ");
+    scrape_metrics(port).await.lines().find_map(|l| l.strip_prefix(&line)?.parse().ok()).unwrap_or(0)
+}
+
+/// `/healthz`'s status code and body (0 while it does not answer).
+async fn healthz(port: u16) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else { return (0, String::new()) };
+    let mut answer = String::new();
+    if s.write_all(b"GET /healthz HTTP/1.0\r\nHost: x\r\n\r\n").await.is_err()
+        || s.read_to_string(&mut answer).await.is_err()
+    {
+        return (0, String::new());
+    }
+    let code = answer.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    (code, answer.rsplit("\r\n\r\n").next().unwrap_or_default().to_string())
+}
+
+#[tokio::test]
+async fn a_keeper_or_controller_that_panics_runs_again_and_one_that_keeps_panicking_fails_the_health_checks() {
+    let (apiserver, a, b) =
+        tokio::try_join!(KubeApiserver::start("panics"), EtcdServer::start("panics-a"), EtcdServer::start("panics-b"))
+            .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let client = prepare(&apiserver).await;
+    put_endpoints(&a, "a", 10).await;
+    let port = free_port();
+    // The reconciler panics twice, the keeper at its first renewal round: a keeper that died
+    // would let the copy on b lapse one TTL (6 s) later while the leader looks alive.
+    let mut operator =
+        start_operator_with_faults(&apiserver, dir.path(), "operator-panics", port, "controller=2,keeper=1");
+    let api: Api<RegionPeering> = Api::namespaced(client.clone(), NS);
+    create_json(&client, NS, peering("a", "a", &a, &[("b", &b)])).await.unwrap();
+    wait_condition(&api, "a", "Ready", "True", None).await;
+    let peer = Client::connect([b.endpoint()], None).await.unwrap();
+    let deletes = support::etcd::count_peer_deletes(&peer, "a").await;
+    let watched = std::time::Instant::now();
+    let mut reads = 0;
+    while watched.elapsed() < Duration::from_secs(18) {
+        assert_eq!(mirrored(&b, "a").await, 10, "a's copy on b after a panic");
+        reads += 1;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(reads > 20, "{reads} reads");
+    assert_eq!(deletes.load(std::sync::atomic::Ordering::SeqCst), 0, "keys of a were deleted on b");
+    assert_eq!((panics(port, "keeper").await, panics(port, "controller").await), (1, 2));
+    assert_eq!(healthz(port).await.0, 200, "a few panics are tolerated");
+    operator.terminate();
+
+    // A reconciler that panics every time: the health checks fail, naming it, so that the kubelet
+    // restarts the process (and a standby leads) rather than keeping a leader that does nothing.
+    let port = free_port();
+    let _operator = start_operator_with_faults(&apiserver, dir.path(), "operator-loops", port, "controller=always");
+    wait_until("the health checks fail", WAIT, || async { Ok(healthz(port).await.0 == 503) }).await.unwrap();
+    let (_, why) = healthz(port).await;
+    assert!(why.contains("the controller task panicked"), "{why}");
+    assert!(panics(port, "controller").await > 5);
+}

@@ -252,6 +252,7 @@ fn object_key(rp: &RegionPeering) -> String {
 async fn reconcile(rp: Arc<RegionPeering>, ctx: Arc<Context>) -> Result<Action, Error> {
     use kube::runtime::finalizer::{Event, finalizer};
     let _serial = ctx.serial.lock().await;
+    crate::faults::point("controller");
     let api: Api<RegionPeering> = Api::namespaced(ctx.client.clone(), &rp.namespace().unwrap_or_default());
     let started = Instant::now();
     let reconciling = finalizer(&api, FINALIZER, rp, |event| async {

@@ -56,6 +56,26 @@ pub fn start_operator_as(
     namespaces: &str,
     extra: &[&str],
 ) -> ManagedProcess {
+    let cmd = operator_command(kubeconfig, name, metrics_port, namespaces, extra);
+    ManagedProcess::spawn(name, cmd, &dir.join(format!("{name}.log"))).unwrap()
+}
+
+/// The operator as its ServiceAccount, with the faults `faults` injected (`AETHER_FAULTS`, see
+/// `aether_operator::faults`).
+pub fn start_operator_with_faults(
+    apiserver: &KubeApiserver,
+    dir: &Path,
+    name: &str,
+    metrics_port: u16,
+    faults: &str,
+) -> ManagedProcess {
+    let kubeconfig = service_account_kubeconfig(apiserver, "aether-system", "aether-operator", name);
+    let mut cmd = operator_command(&kubeconfig, name, metrics_port, NS, &[]);
+    cmd.env("AETHER_FAULTS", faults);
+    ManagedProcess::spawn(name, cmd, &dir.join(format!("{name}.log"))).unwrap()
+}
+
+fn operator_command(kubeconfig: &Path, name: &str, metrics_port: u16, namespaces: &str, extra: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_aether-operator"));
     cmd.arg("run")
         .arg("--kubeconfig")
@@ -64,7 +84,7 @@ pub fn start_operator_as(
         .args(["--metrics-addr", &format!("127.0.0.1:{metrics_port}")])
         .args(extra)
         .env("RUST_LOG", "info,aether_operator=debug");
-    ManagedProcess::spawn(name, cmd, &dir.join(format!("{name}.log"))).unwrap()
+    cmd
 }
 
 pub async fn put_endpoints(etcd: &EtcdServer, region: &str, n: usize) {

@@ -267,6 +267,7 @@ impl Task {
                 self.idle_until(wake).await;
                 continue;
             }
+            crate::faults::point("keeper");
             // Connecting is not part of the round's deadline: across distance, with TLS and a
             // password, a new connection takes several round trips, more than the shortest
             // deadline, and counting it would fail every retry once the leases run low.
