@@ -133,11 +133,11 @@ async fn a_federation_runs_on_the_images_binary() {
     assert!(healthy, "{table}");
 }
 
-/// The README's air-gapped steps work as written: the tarball unpacked and pushed with
+/// The air-gapped steps of docs/installation.md work as written: the tarball unpacked and pushed with
 /// `crane push <dir> <ref>` lands as one multi-arch index (not an index of an index), and each
 /// platform's image is pulled by platform.
 #[test]
-fn the_readme_push_lands_one_multi_arch_index() {
+fn the_air_gapped_push_lands_one_multi_arch_index() {
     let crane = aether_harness::tool_path("crane").expect("crane, from `make tools`");
     let dir = tempfile::tempdir().unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
