@@ -25,7 +25,8 @@ enum Command {
     /// one, those named with --context, or --all-contexts), as an origin x peer matrix. Exits 0
     /// when healthy, 1 when not, 2 when it could not check.
     Status(StatusArgs),
-    /// Check one RegionPeering's credentials against each etcd it names. Exits 1 on a failure.
+    /// Check one RegionPeering's credentials against each etcd it names. Exits 0 when every check
+    /// passed, 1 when one failed, 2 when it could not check (as `status`).
     Doctor(DoctorArgs),
     /// Write every generated manifest (CRDs, RBAC) under a repository root (`make manifests`).
     Manifests {
@@ -272,8 +273,15 @@ async fn main() -> anyhow::Result<()> {
             std::process::exit(code);
         }
         Command::Doctor(args) => {
-            let passed = run_doctor(args).await?;
-            std::process::exit(if passed { 0 } else { 1 });
+            let code = match run_doctor(args).await {
+                Ok(true) => 0,
+                Ok(false) => 1,
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    2
+                }
+            };
+            std::process::exit(code);
         }
         Command::Drain(args) => {
             init_tracing(LogFormat::Text);

@@ -144,7 +144,7 @@ async fn metrics_are_served_over_https_only_to_scrapers_the_api_server_allows() 
     // The doctor reads the RegionPeering and its Secrets with the operator's rights: not for a
     // caller who may not read them itself.
     let (code, out) = doctor(&oncall, &verified);
-    assert_ne!(code, Some(0), "{out}");
+    assert_eq!(code, Some(2), "refused: it could not check\n{out}");
     assert!(out.contains("may not get regionpeerings fed/a"), "{out}");
     kubectl(
         &apiserver,
@@ -361,6 +361,17 @@ async fn doctor_checks_a_least_privilege_mtls_peer_and_says_what_to_do() {
     let connect = found(&findings, "peer d", "connect");
     assert_eq!(connect[0]["level"], "Fail", "{findings:#?}");
     assert!(connect[0]["action"].as_str().unwrap().contains("endpoints"));
+    // A failed check exits 1; a RegionPeering it cannot find is a check it could not make: 2.
+    let code = |name: &str| {
+        Command::new(env!("CARGO_BIN_EXE_aether-operator"))
+            .args(["doctor", name, "-n", NS, "--kubeconfig"])
+            .arg(apiserver.kubeconfig())
+            .output()
+            .unwrap()
+            .status
+            .code()
+    };
+    assert_eq!((code("gone"), code("missing")), (Some(1), Some(2)));
 }
 
 /// A TLS connection to the operator's port, trusting `ca`.
