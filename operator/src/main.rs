@@ -29,6 +29,7 @@ enum Command {
     /// passed, 1 when one failed, 2 when it could not check (as `status`).
     Doctor(DoctorArgs),
     /// Write every generated manifest (CRDs, RBAC) under a repository root (`make manifests`).
+    #[command(hide = true)]
     Manifests {
         #[arg(long, default_value = ".")]
         root: PathBuf,
@@ -46,6 +47,7 @@ struct DrainArgs {
     /// Cluster for legacy values that carry no clusterName.
     #[arg(long)]
     cluster: String,
+    /// The legacy prefix to drain (keys /aether/services/... by default).
     #[arg(long, default_value = aether_operator::keys::V0_ROOT)]
     legacy_prefix: String,
     /// Report what would happen and write nothing.
@@ -54,6 +56,7 @@ struct DrainArgs {
     /// Seconds the legacy prefix must be quiet before its keys are deleted.
     #[arg(long, default_value_t = 10)]
     quiet_period_seconds: u64,
+    /// Legacy keys per Txn (1 to 128).
     #[arg(long, default_value_t = 100)]
     batch_size: usize,
     /// Keys per second at most; 0 for no limit.
@@ -65,6 +68,7 @@ struct DrainArgs {
     /// Client certificate and key (PEM).
     #[arg(long, requires = "key")]
     cert: Option<PathBuf>,
+    /// Client key (PEM), with --cert.
     #[arg(long, requires = "cert")]
     key: Option<PathBuf>,
     /// etcd user (the password comes from ETCD_PASSWORD).
@@ -90,9 +94,10 @@ struct StatusArgs {
     /// Read every context of the kubeconfig.
     #[arg(long)]
     all_contexts: bool,
-    /// Seconds all the contexts together may take to answer; they are read at once.
-    #[arg(long, value_name = "SECONDS", default_value_t = 30)]
-    timeout: u64,
+    /// How long all the contexts together may take to answer (30s, 2m; bare seconds too); they
+    /// are read at once.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = aether_operator::cli::parse_duration)]
+    timeout: Duration,
     /// Only this namespace; all namespaces otherwise.
     #[arg(short, long)]
     namespace: Option<String>,
@@ -100,17 +105,19 @@ struct StatusArgs {
     /// holds as many keys as the origin.
     #[arg(long)]
     etcd: bool,
+    /// table, json or yaml.
     #[arg(short, long, value_enum, default_value = "table")]
     output: OutputFormat,
-    /// Wait up to this many seconds for the federation to be healthy.
-    #[arg(long, value_name = "SECONDS")]
-    wait: Option<u64>,
+    /// Wait up to this long for the federation to be healthy (5m, 300s; bare seconds too).
+    #[arg(long, value_name = "DURATION", value_parser = aether_operator::cli::parse_duration)]
+    wait: Option<Duration>,
 }
 
 #[derive(clap::Args)]
 struct DoctorArgs {
     /// The RegionPeering; the only one in the namespace when not given.
     name: Option<String>,
+    /// The kubeconfig; KUBECONFIG or ~/.kube/config otherwise.
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
     /// The context; the current one when not given.
@@ -119,6 +126,7 @@ struct DoctorArgs {
     /// The RegionPeering's namespace; the context's namespace (or default) when not given.
     #[arg(short, long)]
     namespace: Option<String>,
+    /// table, json or yaml.
     #[arg(short, long, value_enum, default_value = "table")]
     output: OutputFormat,
     /// Run the checks from the region's leader pod, with the operator's network and credentials
@@ -193,6 +201,7 @@ struct RunArgs {
     /// generated at start without it.
     #[arg(long, env = "AETHER_METRICS_CERT_DIR", requires = "metrics_secure")]
     metrics_cert_dir: Option<PathBuf>,
+    /// text, or json for log collectors.
     #[arg(long, env = "AETHER_LOG_FORMAT", value_enum, default_value = "text")]
     log_format: LogFormat,
     /// Path of a kubeconfig; in-cluster config or ~/.kube/config otherwise.
@@ -461,14 +470,14 @@ async fn run_status(args: StatusArgs) -> anyhow::Result<StatusOutcome> {
         );
     }
     let started = tokio::time::Instant::now();
-    let deadline = args.wait.map(|s| started + Duration::from_secs(s));
+    let deadline = args.wait.map(|wait| started + wait);
     loop {
         let federation = status::gather(
             &kubeconfig,
             &contexts,
             args.namespace.as_deref(),
             args.etcd,
-            Duration::from_secs(args.timeout.max(1)),
+            args.timeout.max(Duration::from_secs(1)),
         )
         .await;
         let problems = status::problems(&federation);
