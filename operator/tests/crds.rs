@@ -209,6 +209,12 @@ async fn crds_install_validate_and_print() -> anyhow::Result<()> {
         assert!(row.contains(value), "row {row:?} lacks {value}");
     }
 
+    // Plain `kubectl get` says why a region is not Ready, without -o wide.
+    let output = apiserver.kubectl()?.args(["get", "regionpeerings", "-n", "aether-system"]).output()?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    let row = text.lines().find(|l| l.starts_with("eu-west")).expect("a row for eu-west");
+    assert!(text.lines().next().unwrap_or_default().contains("REASON") && row.contains("PeerNotSynced"), "{text}");
+
     // The short name and the registry schema's columns work too.
     let output = apiserver.kubectl()?.args(["get", "regschema", "-n", "aether-system"]).output()?;
     let text = String::from_utf8_lossy(&output.stdout);

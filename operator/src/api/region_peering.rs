@@ -37,12 +37,7 @@ pub const REGION_PATTERN: &str = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$";
         description = "the worst replication lag over all peers"
     ),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
-    printcolumn(
-        name = "Reason",
-        type_ = "string",
-        json_path = ".status.conditions[?(@.type==\"Ready\")].reason",
-        priority = "1"
-    ),
+    printcolumn(name = "Reason", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].reason"),
     printcolumn(name = "Leader", type_ = "string", json_path = ".status.leader", priority = "1"),
     printcolumn(
         name = "Inbound",
@@ -285,7 +280,9 @@ pub struct RegionPeeringStatus {
     /// The generation the status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// Ready, Replicating, PeersReachable, KeepaliveDegraded, and Conflict or Suspended when they apply.
+    /// Ready, Replicating, PeersReachable, KeepaliveDegraded, DriftDetected, ValuesTooLarge and
+    /// ChangeRefused, and Conflict or Suspended when they apply; each with a reason and a message
+    /// that says what to do.
     #[serde(default)]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,
@@ -300,6 +297,7 @@ pub struct RegionPeeringStatus {
     /// every `refreshIntervalSeconds`: older than that (and the Lease's duration), nobody updates it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refreshed_time: Option<Time>,
+    /// Seconds between the leader's refreshes of this status when nothing changes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refresh_interval_seconds: Option<i64>,
     /// "ready/total" peers, for `kubectl get`.
@@ -323,6 +321,7 @@ pub struct RegionPeeringStatus {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PeerStatus {
+    /// The peer region (one of `spec.peers`).
     pub region: String,
     /// Connecting, Queued (a full sync waits its turn among the region's peers), Syncing, Watching, Resyncing, Backoff, Fenced, Retired, Refused, Held (what comes next waits for a person; the copy is kept alive) or Stopped.
     pub phase: String,
@@ -343,7 +342,9 @@ pub struct PeerStatus {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct OversizedValue {
+    /// The origin key.
     pub key: String,
+    /// Its value's size in bytes.
     pub bytes: i64,
 }
 
@@ -353,6 +354,7 @@ pub struct OversizedValue {
 pub struct KeepaliveStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_success_time: Option<Time>,
+    /// Keepalive rounds failed in a row since the last success.
     pub consecutive_failures: i64,
     /// Seconds the stalest lease has left if no renewal succeeds from now on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -372,8 +374,10 @@ pub struct KeepaliveStatus {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ReplicationStatus {
+    /// Seconds the oldest origin revision not yet on the peer has waited (0 when caught up).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lag_seconds: Option<i64>,
+    /// Origin revisions seen but not yet applied on the peer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lag_revisions: Option<i64>,
     /// The last origin revision the peer holds completely.
@@ -393,7 +397,9 @@ pub struct ReplicationStatus {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct InboundStatus {
+    /// The origin region.
     pub region: String,
+    /// Keys of the origin's subtree in this region's etcd.
     pub keys: i64,
     /// The shortest remaining TTL over the origin's leases here.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -107,6 +107,7 @@ impl Default for DrainSettings {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RegistrySchemaStatus {
+    /// The generation the status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// Pending, Copying, Draining, Complete, DryRunComplete or Failed.
@@ -128,6 +129,7 @@ pub struct RegistrySchemaStatus {
     pub started_time: Option<Time>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completed_time: Option<Time>,
+    /// What the drain is doing or why it stopped, for a person.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
 }
