@@ -502,6 +502,10 @@ const CLUSTER_VALUES: &[&str] = &[
     "topologySpreadConstraints[0].whenUnsatisfiable=DoNotSchedule",
     "resources.requests.cpu=100m",
     "resources.limits.memory=512Mi",
+    // A platform that assigns user ids (OpenShift's restricted SCC), and a volume's group.
+    "podSecurityContext.runAsUser=null",
+    "podSecurityContext.runAsGroup=null",
+    "podSecurityContext.fsGroup=2000",
 ];
 
 fn check_cluster_values(docs: &[Value]) {
@@ -550,6 +554,12 @@ fn check_cluster_values(docs: &[Value]) {
         container(docs)["resources"],
         serde_json::json!({"requests": {"cpu": "100m", "memory": "64Mi"}, "limits": {"memory": "512Mi"}})
     );
+    assert_eq!(
+        spec["securityContext"],
+        serde_json::json!({"runAsNonRoot": true, "fsGroup": 2000, "seccompProfile": {"type": "RuntimeDefault"}}),
+        "the user ids dropped, the rest of the default kept"
+    );
+    assert_eq!(container(docs)["securityContext"]["readOnlyRootFilesystem"], Value::Bool(true));
 }
 
 /// replicaCount=1: no PodDisruptionBudget (it would block every drain, or protect nothing).
