@@ -870,7 +870,10 @@ async fn a_release_installs_upgrades_and_uninstalls_leaving_nothing_behind() {
     };
 
     // Install: the CRDs first (crds/), then the release.
-    run(&mut with_values(&["install", RELEASE, chart, "--namespace", NAMESPACE], &[]));
+    let installed = run(&mut with_values(&["install", RELEASE, chart, "--namespace", NAMESPACE], &[]));
+    // The notes' commands run as printed: nothing left for the reader to fill in.
+    let notes = installed.split("NOTES:").nth(1).unwrap_or_else(|| panic!("no notes: {installed}"));
+    assert!(!notes.contains("<name>") && !notes.contains("<namespace>") && !notes.contains("pod>"), "{notes}");
     for crd in ["regionpeerings.federation.aether.dev", "registryschemas.federation.aether.dev"] {
         let annotations = kubectl(&apiserver, &["get", "crd", crd, "-o", "jsonpath={.metadata.annotations}"]);
         assert!(annotations.contains("federation.aether.dev/schema-digest"), "{crd}: {annotations}");
