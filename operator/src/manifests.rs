@@ -133,5 +133,6 @@ pub fn generated_files() -> Vec<(String, String)> {
         "charts/aether-federation/files/leader-election-rules.yaml".into(),
         format!("{HEADER}{}", yaml(&leader_election_rules())),
     ));
+    files.push(("docs/api.md".into(), crate::api::reference::render()));
     files
 }

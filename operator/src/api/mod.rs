@@ -2,6 +2,7 @@
 //! v0 -> v1 migration of one registry). Their YAML in `crds/` is generated from these types.
 
 mod common;
+pub mod reference;
 mod region_peering;
 mod registry_schema;
 
