@@ -28,6 +28,10 @@ enum Command {
     /// Check one RegionPeering's credentials against each etcd it names. Exits 0 when every check
     /// passed, 1 when one failed, 2 when it could not check (as `status`).
     Doctor(DoctorArgs),
+    /// Collect a support bundle into a directory: the RegionPeerings and RegistrySchemas, their
+    /// events, the operator's Lease, Deployments, Pods and logs, and `status`, one subdirectory per
+    /// context. Secrets are never read; environment values are redacted.
+    Report(ReportArgs),
     /// Write every generated manifest (CRDs, RBAC) under a repository root (`make manifests`).
     #[command(hide = true)]
     Manifests {
@@ -111,6 +115,31 @@ struct StatusArgs {
     /// Wait up to this long for the federation to be healthy (5m, 300s; bare seconds too).
     #[arg(long, value_name = "DURATION", value_parser = aether_operator::cli::parse_duration)]
     wait: Option<Duration>,
+}
+
+#[derive(clap::Args)]
+struct ReportArgs {
+    /// The kubeconfig; KUBECONFIG or ~/.kube/config otherwise.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// A context to collect from (repeat for each region); the current context when none is given.
+    #[arg(long = "context", conflicts_with = "all_contexts")]
+    contexts: Vec<String>,
+    /// Collect from every context of the kubeconfig.
+    #[arg(long)]
+    all_contexts: bool,
+    /// Only this namespace's RegionPeerings and RegistrySchemas; all namespaces otherwise.
+    #[arg(short, long)]
+    namespace: Option<String>,
+    /// The leader Lease ("namespace/name"); its namespace is where the operator's pods are.
+    #[arg(long, default_value = "aether-system/aether-operator-leader")]
+    leader_lease: String,
+    /// The logs of this long ago to now (1h, 30m).
+    #[arg(long, value_name = "DURATION", default_value = "1h", value_parser = aether_operator::cli::parse_duration)]
+    since: Duration,
+    /// The directory to write (it must not exist); aether-report-<unix time> otherwise.
+    #[arg(short = 'd', long)]
+    directory: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -292,6 +321,16 @@ async fn main() -> anyhow::Result<()> {
             };
             std::process::exit(code);
         }
+        Command::Report(args) => match run_report(args).await {
+            Ok(dir) => {
+                println!("{}", dir.display());
+                Ok(())
+            }
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                std::process::exit(2);
+            }
+        },
         Command::Drain(args) => {
             init_tracing(LogFormat::Text);
             let report = run_drain(args).await?;
@@ -451,16 +490,15 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
 
 /// Prints the federation; while `--wait` lasts and it is not healthy, reads it again every 2 s,
 /// saying on stderr what it waits for.
-async fn run_status(args: StatusArgs) -> anyhow::Result<StatusOutcome> {
-    use aether_operator::cli::{load_kubeconfig, status};
-    let kubeconfig = load_kubeconfig(args.kubeconfig.as_deref())?;
-    let contexts: Vec<String> = if args.all_contexts {
+/// The contexts a command reads: every one, those named, or the current one.
+fn contexts_of(kubeconfig: &kube::config::Kubeconfig, named: &[String], all: bool) -> anyhow::Result<Vec<String>> {
+    let contexts: Vec<String> = if all {
         kubeconfig.contexts.iter().map(|c| c.name.clone()).collect()
-    } else if args.contexts.is_empty() {
+    } else if named.is_empty() {
         let current = kubeconfig.current_context.clone().filter(|c| !c.is_empty());
         vec![current.ok_or_else(|| anyhow::anyhow!("the kubeconfig has no current context: name one with --context"))?]
     } else {
-        args.contexts.clone()
+        named.to_vec()
     };
     anyhow::ensure!(!contexts.is_empty(), "the kubeconfig has no context");
     for context in &contexts {
@@ -469,6 +507,55 @@ async fn run_status(args: StatusArgs) -> anyhow::Result<StatusOutcome> {
             "the kubeconfig has no context {context}"
         );
     }
+    Ok(contexts)
+}
+
+async fn run_report(args: ReportArgs) -> anyhow::Result<PathBuf> {
+    use aether_operator::cli::{client_for, load_kubeconfig, report, status};
+    let kubeconfig = load_kubeconfig(args.kubeconfig.as_deref())?;
+    let contexts = contexts_of(&kubeconfig, &args.contexts, args.all_contexts)?;
+    let dir = args.directory.clone().unwrap_or_else(|| {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        PathBuf::from(format!("aether-report-{}", now.as_secs()))
+    });
+    anyhow::ensure!(!dir.exists(), "{} exists: name a new directory with --directory", dir.display());
+    let write = |path: PathBuf, text: &str| -> anyhow::Result<()> {
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(&path, text).map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))
+    };
+    write(dir.join("README.txt"), &report::readme(&contexts, args.since))?;
+    let scope =
+        report::Scope { namespace: args.namespace.as_deref(), leader_lease: &args.leader_lease, since: args.since };
+    for context in &contexts {
+        let base = dir.join(report::directory_of(context));
+        let mut collected = match client_for(&kubeconfig, Some(context)).await {
+            Ok(client) => report::collect(&client, &scope).await,
+            Err(e) => report::Collected { errors: vec![format!("connecting: {e:#}")], ..Default::default() },
+        };
+        let federation = status::gather(
+            &kubeconfig,
+            std::slice::from_ref(context),
+            args.namespace.as_deref(),
+            false,
+            Duration::from_secs(30),
+        )
+        .await;
+        collected.files.push(("status.txt".into(), status::render_table(&federation)));
+        for (path, text) in &collected.files {
+            write(base.join(path), text)?;
+        }
+        write(base.join("errors.txt"), &collected.errors.iter().map(|e| format!("{e}\n")).collect::<String>())?;
+        eprintln!("{context}: {} files, {} not readable (errors.txt)", collected.files.len(), collected.errors.len());
+    }
+    Ok(dir)
+}
+
+async fn run_status(args: StatusArgs) -> anyhow::Result<StatusOutcome> {
+    use aether_operator::cli::{load_kubeconfig, status};
+    let kubeconfig = load_kubeconfig(args.kubeconfig.as_deref())?;
+    let contexts = contexts_of(&kubeconfig, &args.contexts, args.all_contexts)?;
     let started = tokio::time::Instant::now();
     let deadline = args.wait.map(|wait| started + wait);
     loop {

@@ -807,3 +807,63 @@ async fn a_keeper_or_controller_that_panics_runs_again_and_one_that_keeps_panick
     assert!(why.contains("the controller task panicked"), "{why}");
     assert!(panics(port, "controller").await > 5);
 }
+
+#[tokio::test]
+async fn a_report_holds_the_objects_their_events_and_the_operators_pods_and_no_secret() {
+    let (apiserver, a) = tokio::try_join!(KubeApiserver::start("report"), EtcdServer::start("report-a")).unwrap();
+    let client = prepare(&apiserver).await;
+    // A Secret the RegionPeering names, and an operator pod whose environment carries a credential.
+    kubectl(&apiserver, &["-n", NS, "create", "secret", "generic", "peer-b", "--from-literal=password=s3cr3t-value"]);
+    let mut rp = peering("a", "a", &a, &[]);
+    rp["spec"]["peers"] =
+        json!([{"region": "b", "endpoints": ["https://127.0.0.1:1"], "tls": {"secretRef": {"name": "peer-b"}}}]);
+    create_json(&client, NS, rp).await.unwrap();
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "aether-operator-0", "namespace": "aether-system", "labels": {"app.kubernetes.io/name": "aether-operator"}},
+        "spec": {"serviceAccountName": "aether-operator", "automountServiceAccountToken": false,
+                 "containers": [{"name": "operator", "image": "aether-operator:test",
+                                 "env": [{"name": "ETCD_PASSWORD", "value": "hunter2"}]}]},
+    });
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), "aether-system");
+    pods.create(&PostParams::default(), &serde_json::from_value(pod).unwrap()).await.unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("report");
+    let out = Command::new(env!("CARGO_BIN_EXE_aether-operator"))
+        .args(["report", "--kubeconfig"])
+        .arg(apiserver.kubeconfig())
+        .arg("--directory")
+        .arg(&report)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let read = |path: &str| std::fs::read_to_string(report.join(path)).unwrap_or_else(|e| panic!("{path}: {e}"));
+    assert!(read("local/regionpeerings.yaml").contains("secretRef"), "the object as it stands");
+    let pods = read("local/operator/pods.yaml");
+    assert!(pods.contains("ETCD_PASSWORD") && pods.contains("<redacted>") && !pods.contains("hunter2"), "{pods}");
+    assert!(read("local/status.txt").contains("region a"), "{}", read("local/status.txt"));
+    // What could not be read is said, not fatal: here, no leader Lease.
+    assert!(report.join("local/operator/logs/aether-operator-0.operator.log").exists(), "each operator pod's log");
+    let errors = read("local/errors.txt");
+    assert!(errors.contains("the Lease aether-system/aether-operator-leader: leases.coordination.k8s.io"), "{errors}");
+    // No Secret's value anywhere in the report, plain or base64.
+    let mut files = vec![report.clone()];
+    while let Some(path) = files.pop() {
+        if path.is_dir() {
+            files.extend(std::fs::read_dir(&path).unwrap().map(|e| e.unwrap().path()));
+        } else {
+            let text = std::fs::read_to_string(&path).unwrap();
+            assert!(!text.contains("s3cr3t-value") && !text.contains("czNjcjN0LXZhbHVl"), "{}", path.display());
+        }
+    }
+    // A report never overwrites one.
+    let again = Command::new(env!("CARGO_BIN_EXE_aether-operator"))
+        .args(["report", "--kubeconfig"])
+        .arg(apiserver.kubeconfig())
+        .arg("--directory")
+        .arg(&report)
+        .output()
+        .unwrap();
+    assert_eq!(again.status.code(), Some(2));
+}

@@ -1,8 +1,9 @@
-//! Commands for people: `status` (the whole federation through several kubeconfig contexts) and
-//! `doctor` (one RegionPeering's credentials against each etcd). Installed as a kubectl plugin
+//! Commands for people: `status` (the whole federation through several kubeconfig contexts),
+//! `doctor` (one RegionPeering's credentials against each etcd) and `report` (a support bundle). Installed as a kubectl plugin
 //! too: the same binary, named `kubectl-aether`, answers `kubectl aether status`.
 pub mod doctor;
 pub mod in_cluster;
+pub mod report;
 pub mod status;
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
