@@ -28,6 +28,10 @@ enum Command {
     /// Check one RegionPeering's credentials against each etcd it names. Exits 0 when every check
     /// passed, 1 when one failed, 2 when it could not check (as `status`).
     Doctor(DoctorArgs),
+    /// This client's version and, per context, whether the installed CRDs and the leading
+    /// operator are of the same version. Exits 0 when they agree, 1 when not, 2 when it could
+    /// not check.
+    Version(VersionArgs),
     /// Collect a support bundle into a directory: the RegionPeerings and RegistrySchemas, their
     /// events, the operator's Lease, Deployments, Pods and logs, and `status`, one subdirectory per
     /// context. Secrets are never read; environment values are redacted.
@@ -115,6 +119,25 @@ struct StatusArgs {
     /// Wait up to this long for the federation to be healthy (5m, 300s; bare seconds too).
     #[arg(long, value_name = "DURATION", value_parser = aether_operator::cli::parse_duration)]
     wait: Option<Duration>,
+}
+
+#[derive(clap::Args)]
+struct VersionArgs {
+    /// The kubeconfig; KUBECONFIG or ~/.kube/config otherwise.
+    #[arg(long)]
+    kubeconfig: Option<PathBuf>,
+    /// A context to check (repeat for each region); the current context when none is given.
+    #[arg(long = "context", conflicts_with_all = ["all_contexts", "client"])]
+    contexts: Vec<String>,
+    /// Check every context of the kubeconfig.
+    #[arg(long, conflicts_with = "client")]
+    all_contexts: bool,
+    /// This client's version only.
+    #[arg(long)]
+    client: bool,
+    /// The leader Lease ("namespace/name") whose holder is the operator that runs.
+    #[arg(long, default_value = "aether-system/aether-operator-leader")]
+    leader_lease: String,
 }
 
 #[derive(clap::Args)]
@@ -321,6 +344,17 @@ async fn main() -> anyhow::Result<()> {
             };
             std::process::exit(code);
         }
+        Command::Version(args) => {
+            let code = match run_version(args).await {
+                Ok(true) => 0,
+                Ok(false) => 1,
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    2
+                }
+            };
+            std::process::exit(code);
+        }
         Command::Report(args) => match run_report(args).await {
             Ok(dir) => {
                 println!("{}", dir.display());
@@ -508,6 +542,25 @@ fn contexts_of(kubeconfig: &kube::config::Kubeconfig, named: &[String], all: boo
         );
     }
     Ok(contexts)
+}
+
+async fn run_version(args: VersionArgs) -> anyhow::Result<bool> {
+    use aether_operator::cli::{client_for, load_kubeconfig, version};
+    let ours = env!("CARGO_PKG_VERSION");
+    println!("client: {ours}");
+    if args.client {
+        return Ok(true);
+    }
+    let kubeconfig = load_kubeconfig(args.kubeconfig.as_deref())?;
+    let contexts = contexts_of(&kubeconfig, &args.contexts, args.all_contexts)?;
+    let mut agree = true;
+    for context in &contexts {
+        let client = client_for(&kubeconfig, Some(context)).await?;
+        let (lines, agrees) = version::judge(context, &version::read(&client, &args.leader_lease).await, ours);
+        lines.iter().for_each(|l| println!("{l}"));
+        agree &= agrees;
+    }
+    Ok(agree)
 }
 
 async fn run_report(args: ReportArgs) -> anyhow::Result<PathBuf> {

@@ -867,3 +867,45 @@ async fn a_report_holds_the_objects_their_events_and_the_operators_pods_and_no_s
         .unwrap();
     assert_eq!(again.status.code(), Some(2));
 }
+
+#[tokio::test]
+async fn version_says_whether_the_crds_and_the_leading_operator_are_this_clients() {
+    let apiserver = KubeApiserver::start("version").await.unwrap();
+    let client = prepare(&apiserver).await;
+    let version = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_aether-operator"))
+            .arg("version")
+            .args(args)
+            .arg("--kubeconfig")
+            .arg(apiserver.kubeconfig())
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).to_string())
+    };
+    // No operator yet: the CRDs are this client's, and nobody leads.
+    let (code, out) = version(&[]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains("CRD regionpeerings.federation.aether.dev: as this client's") && out.contains("no operator holds"),
+        "{out}"
+    );
+    // An operator of the previous release leads.
+    let pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "aether-operator-0", "namespace": "aether-system", "labels": {"app.kubernetes.io/version": "0.2.0"}},
+        "spec": {"serviceAccountName": "aether-operator", "automountServiceAccountToken": false,
+                 "containers": [{"name": "operator", "image": "ghcr.io/aether/aether-operator:0.2.0"}]},
+    });
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), "aether-system");
+    pods.create(&PostParams::default(), &serde_json::from_value(pod).unwrap()).await.unwrap();
+    let lease = json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                       "metadata": {"name": "aether-operator-leader", "namespace": "aether-system"},
+                       "spec": {"holderIdentity": "aether-operator-0"}});
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(client.clone(), "aether-system");
+    leases.create(&PostParams::default(), &serde_json::from_value(lease).unwrap()).await.unwrap();
+    let (code, out) = version(&[]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("operator 0.2.0 (aether-operator-0): differs"), "{out}");
+    let (code, out) = version(&["--client"]);
+    assert_eq!((code, out.trim()), (Some(0), format!("client: {}", env!("CARGO_PKG_VERSION")).as_str()));
+}

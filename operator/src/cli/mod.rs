@@ -5,6 +5,7 @@ pub mod doctor;
 pub mod in_cluster;
 pub mod report;
 pub mod status;
+pub mod version;
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use std::path::Path;
