@@ -568,6 +568,30 @@ fn check_one_replica(docs: &[Value]) {
     assert!(of_kind(docs, "PodDisruptionBudget").is_empty());
 }
 
+/// Peers as objects beside the string form: a multi-member peer given with `--set`, each with its
+/// Secret.
+const STRUCTURED_PEERS: &[&str] = &[
+    "regionPeering.enabled=true",
+    "regionPeering.region=eu-west",
+    "regionPeering.localEtcd.endpoints={https://registry-etcd:2379}",
+    "regionPeering.peerEtcd={us-east=https://e1.us-east:2379}",
+    "regionPeering.peerTlsSecrets.us-east=us-east-client",
+    "regionPeering.peers[0].region=ap-south",
+    "regionPeering.peers[0].endpoints={https://e1.ap-south:2379,https://e2.ap-south:2379}",
+    "regionPeering.peers[0].tlsSecret=ap-south-client",
+];
+
+fn check_structured_peers(docs: &[Value]) {
+    assert_eq!(
+        one(docs, "RegionPeering")["spec"]["peers"],
+        serde_json::json!([
+            {"region": "us-east", "endpoints": ["https://e1.us-east:2379"], "tls": {"secretRef": {"name": "us-east-client"}}},
+            {"region": "ap-south", "endpoints": ["https://e1.ap-south:2379", "https://e2.ap-south:2379"],
+             "tls": {"secretRef": {"name": "ap-south-client"}}},
+        ])
+    );
+}
+
 struct Variant {
     name: &'static str,
     sets: &'static [&'static str],
@@ -626,6 +650,7 @@ fn variants() -> Vec<Variant> {
         Variant { name: "cluster values", sets: CLUSTER_VALUES, check: check_cluster_values },
         Variant { name: "grafana dashboard", sets: &["grafanaDashboard.enabled=true"], check: check_grafana_dashboard },
         Variant { name: "one replica", sets: &["replicaCount=1"], check: check_one_replica },
+        Variant { name: "structured peers", sets: STRUCTURED_PEERS, check: check_structured_peers },
     ]
 }
 
@@ -667,6 +692,15 @@ async fn the_chart_lints_validates_and_applies() {
     }
     // What the schema cannot say, the templates do.
     assert!(fails(&mut render_in(NAMESPACE, &["serviceAccount.create=false"])).contains("serviceAccount.name"));
+    // A Secret named for a region that is not a peer (a typo) would leave the peer without TLS.
+    let typo = [STRUCTURED_PEERS, &["regionPeering.peerTlsSecrets.us-eats=us-east-client"]].concat();
+    assert!(fails(&mut render_in(NAMESPACE, &typo)).contains("peerTlsSecrets names us-eats"));
+    let twice = [
+        STRUCTURED_PEERS,
+        &["regionPeering.peers[1].region=us-east", "regionPeering.peers[1].endpoints={https://x:2379}"],
+    ]
+    .concat();
+    assert!(fails(&mut render_in(NAMESPACE, &twice)).contains("the peer us-east is given twice"));
     let unverified = fails(&mut render_in(NAMESPACE, &["metrics.serviceMonitor.enabled=true"]));
     assert!(
         unverified.contains("insecureSkipVerify"),
