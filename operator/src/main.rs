@@ -32,6 +32,12 @@ enum Command {
     /// operator are of the same version. Exits 0 when they agree, 1 when not, 2 when it could
     /// not check.
     Version(VersionArgs),
+    /// Print a shell completion script: `source <(aether-operator completion bash)`, or write it
+    /// where the shell loads completions from.
+    Completion {
+        /// bash, zsh, fish, powershell or elvish.
+        shell: clap_complete::Shell,
+    },
     /// Collect a support bundle into a directory: the RegionPeerings and RegistrySchemas, their
     /// events, the operator's Lease, Deployments, Pods and logs, and `status`, one subdirectory per
     /// context. Secrets are never read; environment values are redacted.
@@ -285,11 +291,16 @@ fn init_tracing(format: LogFormat) {
 
 /// The command line, with help and errors under the name this binary was called by
 /// (`kubectl aether` when installed as the kubectl plugin `kubectl-aether`).
-fn parse_command_line() -> Cli {
-    let called = std::env::args_os()
+/// The executable's file name (`aether-operator`, or `kubectl-aether` as the plugin).
+fn executable_name() -> String {
+    std::env::args_os()
         .next()
         .and_then(|a| std::path::Path::new(&a).file_name().map(|n| n.to_string_lossy().into_owned()))
-        .unwrap_or_else(|| "aether-operator".into());
+        .unwrap_or_else(|| "aether-operator".into())
+}
+
+fn parse_command_line() -> Cli {
+    let called = executable_name();
     let name = match called.strip_prefix("kubectl-") {
         Some(plugin) => format!("kubectl {plugin}"),
         None => called,
@@ -354,6 +365,12 @@ async fn main() -> anyhow::Result<()> {
                 }
             };
             std::process::exit(code);
+        }
+        Command::Completion { shell } => {
+            // For the executable as the shell finds it on the PATH (a plugin's is `kubectl-aether`).
+            let name = executable_name();
+            clap_complete::generate(shell, &mut Cli::command(), name, &mut std::io::stdout());
+            Ok(())
         }
         Command::Report(args) => match run_report(args).await {
             Ok(dir) => {

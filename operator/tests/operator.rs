@@ -909,3 +909,27 @@ async fn version_says_whether_the_crds_and_the_leading_operator_are_this_clients
     let (code, out) = version(&["--client"]);
     assert_eq!((code, out.trim()), (Some(0), format!("client: {}", env!("CARGO_PKG_VERSION")).as_str()));
 }
+
+#[test]
+fn the_bash_completion_completes_the_commands() {
+    let script = Command::new(env!("CARGO_BIN_EXE_aether-operator")).args(["completion", "bash"]).output().unwrap();
+    assert!(script.status.success());
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("aether-operator.bash");
+    std::fs::write(&path, &script.stdout).unwrap();
+    // What bash does on `aether-operator st<TAB>` and `aether-operator <TAB>`.
+    let complete = |word: &str| {
+        let program = format!(
+            "source {}; COMP_WORDS=(aether-operator '{word}'); COMP_CWORD=1; COMP_LINE='aether-operator {word}'; \
+             COMP_POINT=${{#COMP_LINE}}; _aether__operator aether-operator '{word}' aether-operator; echo \"${{COMPREPLY[@]}}\"",
+            path.display()
+        );
+        let out = Command::new("bash").args(["-c", &program]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    assert_eq!(complete("st"), "status");
+    let all = complete("");
+    for command in ["status", "doctor", "report", "version", "completion"] {
+        assert!(all.split_whitespace().any(|c| c == command), "{command} in {all:?}");
+    }
+}
