@@ -183,6 +183,21 @@ async fn crds_install_validate_and_print() -> anyhow::Result<()> {
             "spec.peers[0].endpoints[0]",
         ),
         (
+            "local endpoints of both schemes",
+            with(valid_spec(), &["localEtcd", "endpoints"], json!(["http://a:2379", "https://b:2379"])),
+            "spec.localEtcd.endpoints",
+        ),
+        (
+            "peer endpoints of both schemes",
+            with(valid_spec(), &["peers"], json!([{"region": "b", "endpoints": ["https://a:2379", "http://b:2379"]}])),
+            "spec.peers[0].endpoints",
+        ),
+        (
+            "Txns larger than a request",
+            with(valid_spec(), &["sync"], json!({"maxTxnBytes": 2097152, "maxRequestBytes": 1572864})),
+            "spec.sync.maxTxnBytes",
+        ),
+        (
             "peer without endpoints",
             with(valid_spec(), &["peers"], json!([{"region": "b", "endpoints": []}])),
             "spec.peers[0].endpoints",

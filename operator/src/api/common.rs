@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 /// How to reach one etcd cluster.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.endpoints.all(e, e.startsWith('https://')) || self.endpoints.all(e, e.startsWith('http://'))").message("endpoints mix http:// and https://; use one scheme").field_path(".endpoints"))]
 pub struct EtcdConnection {
     /// Client URLs of the etcd members, such as `https://etcd-0.etcd:2379`. Plain `http://` is used
     /// only where the URL says so.

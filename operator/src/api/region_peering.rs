@@ -100,6 +100,7 @@ pub enum DeletionPolicy {
 /// One peer region and its registry etcd.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.endpoints.all(e, e.startsWith('https://')) || self.endpoints.all(e, e.startsWith('http://'))").message("endpoints mix http:// and https://; use one scheme").field_path(".endpoints"))]
 pub struct PeerRegion {
     /// The peer's region name, a DNS label; it may not be this region's own.
     #[schemars(length(min = 1, max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"))]
@@ -186,6 +187,7 @@ impl FailureDetectorSettings {
 /// Paging and batching of the mirror.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, KubeSchema)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.maxTxnBytes < self.maxRequestBytes").message("maxTxnBytes must be below maxRequestBytes (the peers' --max-request-bytes): a Txn that fills maxTxnBytes would be refused as too large").field_path(".maxTxnBytes"))]
 pub struct SyncSettings {
     /// Keys per range page in a full sync, at least: a larger subtree is read in at most 64 pages of up to 16,384 keys (etcd counts every key to a range's end for each page), and pages shrink when values are large.
     #[serde(default = "default_page_size")]
