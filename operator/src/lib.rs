@@ -7,6 +7,7 @@
 //! - [`controllers`]: the Kubernetes reconcilers and leader election.
 
 pub mod api;
+pub mod chart_values;
 pub mod cli;
 pub mod controllers;
 pub mod drain;

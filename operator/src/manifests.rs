@@ -134,5 +134,6 @@ pub fn generated_files() -> Vec<(String, String)> {
         format!("{HEADER}{}", yaml(&leader_election_rules())),
     ));
     files.push(("docs/api.md".into(), crate::api::reference::render()));
+    files.push(("docs/values.md".into(), crate::chart_values::render()));
     files
 }
