@@ -119,6 +119,11 @@ struct StatusArgs {
     /// holds as many keys as the origin.
     #[arg(long)]
     etcd: bool,
+    /// Where --etcd reads the etcds from: auto (from here, and from the region's leader, in its
+    /// pod, for the etcds this machine cannot reach), here, or leader (needs pods/exec on the
+    /// operator's pods).
+    #[arg(long, value_enum, value_name = "WHERE", default_value = "auto", requires = "etcd")]
+    etcd_from: aether_operator::cli::status::EtcdFrom,
     /// table, json or yaml.
     #[arg(short, long, value_enum, default_value = "table")]
     output: OutputFormat,
@@ -608,7 +613,7 @@ async fn run_report(args: ReportArgs) -> anyhow::Result<PathBuf> {
             &kubeconfig,
             std::slice::from_ref(context),
             args.namespace.as_deref(),
-            false,
+            None,
             Duration::from_secs(30),
         )
         .await;
@@ -633,7 +638,7 @@ async fn run_status(args: StatusArgs) -> anyhow::Result<StatusOutcome> {
             &kubeconfig,
             &contexts,
             args.namespace.as_deref(),
-            args.etcd,
+            args.etcd.then_some(args.etcd_from),
             args.timeout.max(Duration::from_secs(1)),
         )
         .await;

@@ -247,6 +247,7 @@ fn check_default(docs: &[Value]) {
     assert_eq!(peering["spec"]["peers"].as_array().unwrap().len(), 2);
     assert!(of_kind(docs, "NetworkPolicy").is_empty() && of_kind(docs, "ServiceMonitor").is_empty());
     check_uninstall_hook(docs);
+    check_test_pod(docs);
 }
 
 /// The pre-delete hook of a chart-rendered RegionPeering: a Job deleting it and waiting for its
@@ -281,6 +282,36 @@ fn check_uninstall_hook(docs: &[Value]) {
     let role = of_kind(docs, "Role").into_iter().find(|r| name(r) == format!("{RELEASE}-uninstall")).unwrap();
     assert_eq!(role["rules"][0]["resourceNames"], serde_json::json!(["eu-west"]));
     assert!(!grants(role, "secrets") && !grants(role, "deployments"));
+}
+
+/// `helm test`: the operator's own `status --etcd`, waiting for the federation to be healthy from
+/// inside the cluster, under the operator's ServiceAccount and image, in a pod no selector of the
+/// operator's picks up; its arguments are ones the executable accepts.
+fn check_test_pod(docs: &[Value]) {
+    let pod = one(docs, "Pod");
+    assert_eq!(pod["metadata"]["annotations"]["helm.sh/hook"], "test");
+    let deployment = &one(docs, "Deployment")["spec"]["template"]["spec"];
+    assert_eq!(pod["spec"]["serviceAccountName"], deployment["serviceAccountName"]);
+    let status = &pod["spec"]["containers"][0];
+    assert_eq!(status["image"], container(docs)["image"]);
+    assert_eq!(status["securityContext"]["readOnlyRootFilesystem"], Value::Bool(true));
+    let args: Vec<String> = status["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap().into()).collect();
+    for arg in ["status", "--etcd", "--etcd-from=here", &format!("--namespace={NAMESPACE}"), "--wait=3m"] {
+        assert!(args.iter().any(|a| a == arg), "{arg} not in {args:?}");
+    }
+    let selector = &one(docs, "Deployment")["spec"]["selector"]["matchLabels"];
+    assert!(
+        selector.as_object().unwrap().iter().any(|(k, v)| &pod["metadata"]["labels"][k.as_str()] != v),
+        "the test pod must not match the operator's selector"
+    );
+    // The executable takes these arguments: it gets as far as reading the kubeconfig.
+    let out = Command::new(env!("CARGO_BIN_EXE_aether-operator"))
+        .args(&args)
+        .args(["--kubeconfig", "/nonexistent/kubeconfig"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("/nonexistent/kubeconfig"), "the test pod's arguments: {args:?}: {stderr}");
 }
 
 /// watchNamespaces={a,b}: a Role and a RoleBinding in exactly a and b, nothing cluster-wide for the data.
@@ -776,6 +807,13 @@ async fn the_chart_lints_validates_and_applies() {
         assert!(report.contains("Invalid: 0") && report.contains("Errors: 0"), "{}: {report}", variant.name);
 
         std::fs::write(&manifest, without_crds(&rendered)).unwrap();
+        // A Pod is admitted only under a ServiceAccount that exists (a dry run creates none): the
+        // test pod's, which Helm creates with the release, is made for real first.
+        for pod in of_kind(&docs, "Pod") {
+            let account = pod["spec"]["serviceAccountName"].as_str().unwrap();
+            let _ =
+                apiserver.kubectl().unwrap().args(["create", "serviceaccount", account, "-n", namespace(pod)]).output();
+        }
         let applied = run(apiserver.kubectl().unwrap().args(["apply", "--dry-run=server", "-f"]).arg(&manifest));
         for doc in &docs {
             let object = applied_name(doc);

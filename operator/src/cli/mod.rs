@@ -2,6 +2,7 @@
 //! `doctor` (one RegionPeering's credentials against each etcd) and `report` (a support bundle). Installed as a kubectl plugin
 //! too: the same binary, named `kubectl-aether`, answers `kubectl aether status`.
 pub mod doctor;
+pub mod from_leader;
 pub mod in_cluster;
 pub mod report;
 pub mod status;
@@ -12,13 +13,50 @@ use std::path::Path;
 use std::time::Duration;
 
 /// The kubeconfig named by `--kubeconfig`, or the one kubectl would use (KUBECONFIG, then
-/// ~/.kube/config).
+/// ~/.kube/config), or, in a pod with neither, the pod's own service account as the context
+/// `in-cluster` (as kubectl does in a pod).
 pub fn load_kubeconfig(path: Option<&Path>) -> anyhow::Result<Kubeconfig> {
     match path {
         Some(path) => Kubeconfig::read_from(path).map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display())),
-        None => Kubeconfig::read()
-            .map_err(|e| anyhow::anyhow!("reading the kubeconfig (KUBECONFIG or ~/.kube/config): {e}")),
+        None => Kubeconfig::read().or_else(|e| {
+            in_cluster_kubeconfig(
+                std::env::var("KUBERNETES_SERVICE_HOST").ok(),
+                std::env::var("KUBERNETES_SERVICE_PORT").ok(),
+            )
+            .ok_or_else(|| anyhow::anyhow!("reading the kubeconfig (KUBECONFIG or ~/.kube/config): {e}"))
+        }),
     }
+}
+
+/// Where a pod finds its service account's token, CA and namespace.
+const SERVICE_ACCOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// The pod's service account as a one-context kubeconfig, when in a pod (the API server's address
+/// in the environment and the account's token mounted).
+fn in_cluster_kubeconfig(host: Option<String>, port: Option<String>) -> Option<Kubeconfig> {
+    let token = format!("{SERVICE_ACCOUNT}/token");
+    if !Path::new(&token).exists() {
+        return None;
+    }
+    let namespace = std::fs::read_to_string(format!("{SERVICE_ACCOUNT}/namespace")).ok();
+    in_cluster_config(&host?, &port.unwrap_or_else(|| "443".into()), namespace.as_deref().map(str::trim))
+}
+
+/// The kubeconfig of an API server at `host`:`port`, with the mounted token and CA (pure).
+fn in_cluster_config(host: &str, port: &str, namespace: Option<&str>) -> Option<Kubeconfig> {
+    let host = if host.contains(':') { format!("[{host}]") } else { host.to_string() };
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "in-cluster", "cluster": {
+            "server": format!("https://{host}:{port}"),
+            "certificate-authority": format!("{SERVICE_ACCOUNT}/ca.crt"),
+        }}],
+        "users": [{"name": "in-cluster", "user": {"tokenFile": format!("{SERVICE_ACCOUNT}/token")}}],
+        "contexts": [{"name": "in-cluster", "context": {"cluster": "in-cluster", "user": "in-cluster", "namespace": namespace}}],
+        "current-context": "in-cluster",
+    }))
+    .ok()
 }
 
 /// A client for one context of `kubeconfig` (its current context when `context` is None).
@@ -63,6 +101,23 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn in_a_pod_the_service_account_is_the_context() {
+        let config = in_cluster_config("10.96.0.1", "443", Some("aether-system")).unwrap();
+        assert_eq!(config.current_context.as_deref(), Some("in-cluster"));
+        let cluster = config.clusters[0].cluster.as_ref().unwrap();
+        assert_eq!(cluster.server.as_deref(), Some("https://10.96.0.1:443"));
+        assert_eq!(
+            cluster.certificate_authority.as_deref(),
+            Some("/var/run/secrets/kubernetes.io/serviceaccount/ca.crt")
+        );
+        let user = config.auth_infos[0].auth_info.as_ref().unwrap();
+        assert_eq!(user.token_file.as_deref(), Some("/var/run/secrets/kubernetes.io/serviceaccount/token"));
+        assert_eq!(config.contexts[0].context.as_ref().unwrap().namespace.as_deref(), Some("aether-system"));
+        let v6 = in_cluster_config("fd00::1", "6443", None).unwrap();
+        assert_eq!(v6.clusters[0].cluster.as_ref().unwrap().server.as_deref(), Some("https://[fd00::1]:6443"));
+    }
 
     #[test]
     fn durations_read_as_kubectl_writes_them_or_as_bare_seconds() {

@@ -1,7 +1,9 @@
 //! `aether-operator status`: every region's RegionPeering, read through kubeconfig contexts (the
 //! current one, those named, or all), as one origin x peer matrix; with `--etcd`, each peer's copy
-//! checked directly. A status nobody refreshes any more (its operator stopped, no leader) is
-//! reported stale, not read as healthy.
+//! checked directly: from here, and for an etcd this machine cannot reach (a region's local etcd
+//! named by its in-cluster Service), by the region's leader in its pod (`from_leader`). A status
+//! nobody refreshes any more (its operator stopped, no leader) is reported stale, not read as
+//! healthy.
 use crate::api::RegionPeering;
 use crate::controllers::region_peering::resolve_connection;
 use crate::keys;
@@ -9,13 +11,13 @@ use crate::mirror::records::checkpoint::Checkpoint;
 use etcd_client::GetOptions;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::fmt::Write as _;
 use std::time::Duration;
 
 /// One mirror: an origin region into one peer, as its RegionPeering reports it.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
 pub struct MirrorRow {
     pub context: String,
     /// namespace/name of the RegionPeering.
@@ -35,8 +37,8 @@ pub struct MirrorRow {
 }
 
 /// The peer's copy, read directly.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
 pub struct EtcdCheck {
     /// Keys of the origin's subtree on the origin and on the peer.
     pub origin_keys: Option<i64>,
@@ -47,11 +49,29 @@ pub struct EtcdCheck {
     pub canary_synced: Option<bool>,
     pub checkpoint_revision: Option<i64>,
     pub problems: Vec<String>,
+    /// Where the check ran, when not here: the leader's pod ("namespace/name").
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checked_from: Option<String>,
+    /// An etcd of this check could not be reached from where it ran.
+    #[serde(skip)]
+    pub unreachable: bool,
+}
+
+/// Where `--etcd` reads the etcds from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum EtcdFrom {
+    /// From here, and from the region's leader for the RegionPeerings whose etcds this machine
+    /// cannot reach.
+    Auto,
+    /// From here only.
+    Here,
+    /// From the region's leader, in its pod (needs pods/exec on the operator's pods).
+    Leader,
 }
 
 /// A region's RegionPeering as a whole.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
 pub struct RegionRow {
     pub context: String,
     pub object: String,
@@ -67,7 +87,8 @@ pub struct RegionRow {
 }
 
 /// A context that could not be read: which, its API server, and why.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Unreadable {
     pub context: String,
     pub server: Option<String>,
@@ -117,7 +138,8 @@ pub fn staleness(
     }
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Federation {
     pub regions: Vec<RegionRow>,
     pub mirrors: Vec<MirrorRow>,
@@ -211,7 +233,12 @@ pub fn render_table(f: &Federation) -> String {
     for m in &f.mirrors {
         let etcd = match &m.etcd {
             None => "-".to_string(),
-            Some(c) if c.problems.is_empty() => format!("ok {}/{}", cell(c.peer_keys), cell(c.origin_keys)),
+            Some(c) if c.problems.is_empty() => format!(
+                "ok {}/{}{}",
+                cell(c.peer_keys),
+                cell(c.origin_keys),
+                if c.checked_from.is_some() { " (leader)" } else { "" }
+            ),
             Some(c) => format!("{} problem(s)", c.problems.len()),
         };
         rows.push([
@@ -260,16 +287,16 @@ pub fn render_table(f: &Federation) -> String {
 }
 
 /// Reads the RegionPeerings (all namespaces, or `namespace`) of every context at once, each
-/// within `deadline`.
+/// within `deadline`; with `etcd`, checks each peer's copy on the etcds from where it says.
 pub async fn gather(
     kubeconfig: &kube::config::Kubeconfig,
     contexts: &[String],
     namespace: Option<&str>,
-    check_etcd: bool,
+    etcd: Option<EtcdFrom>,
     deadline: Duration,
 ) -> Federation {
     let reads = contexts.iter().map(|context| async move {
-        let read = tokio::time::timeout(deadline, read_context(kubeconfig, context, namespace, check_etcd)).await;
+        let read = tokio::time::timeout(deadline, read_context(kubeconfig, context, namespace, etcd, deadline)).await;
         match read {
             Ok(Ok(rows)) => Ok(rows),
             Ok(Err(e)) => Err(unreadable(kubeconfig, context, format!("{e:#}"))),
@@ -305,7 +332,8 @@ async fn read_context(
     kubeconfig: &kube::config::Kubeconfig,
     context: &str,
     namespace: Option<&str>,
-    check_etcd: bool,
+    etcd: Option<EtcdFrom>,
+    deadline: Duration,
 ) -> anyhow::Result<(Vec<RegionRow>, Vec<MirrorRow>)> {
     let client = super::client_for(kubeconfig, Some(context)).await?;
     let api: Api<RegionPeering> = match namespace {
@@ -328,13 +356,30 @@ async fn read_context(
             status.refresh_interval_seconds.unwrap_or(60),
             lease.as_ref(),
         );
-        if check_etcd {
-            check_peers(&client, &rp, &mut mirrors).await;
+        if let Some(from) = etcd {
+            if from != EtcdFrom::Leader {
+                check_peers(&client, &rp, &mut mirrors).await;
+            }
+            if ask_leader(from, &mirrors) {
+                let leader_deadline = deadline.saturating_sub(Duration::from_secs(10)).max(Duration::from_secs(5));
+                let asked = super::from_leader::check(&client, &rp, leader_deadline).await;
+                super::from_leader::merge(&mut mirrors, asked);
+            }
         }
         regions.push(region);
         all_mirrors.extend(mirrors);
     }
     Ok((regions, all_mirrors))
+}
+
+/// Whether the region's leader checks the etcds (pure): when asked to, or, by default, when an etcd
+/// of the RegionPeering cannot be reached from here.
+pub fn ask_leader(from: EtcdFrom, mirrors: &[MirrorRow]) -> bool {
+    match from {
+        EtcdFrom::Here => false,
+        EtcdFrom::Leader => !mirrors.is_empty(),
+        EtcdFrom::Auto => mirrors.iter().any(|m| m.etcd.as_ref().is_some_and(|c| c.unreachable)),
+    }
 }
 
 /// A region's leader Lease (None when it cannot be read: then only the status's age speaks).
@@ -355,7 +400,7 @@ async fn check_peers(client: &kube::Client, rp: &RegionPeering, mirrors: &mut [M
     let origin = &rp.spec.region;
     let origin_keys = match count_subtree(client, &namespace, &rp.spec.local_etcd, origin).await {
         Ok(n) => Ok(n),
-        Err(e) => Err(format!("cannot count the origin's keys on the local etcd: {e:#}")),
+        Err(e) => Err((format!("cannot count the origin's keys on the local etcd: {e:#}"), is_unreachable(&e))),
     };
     let oversized = |peer: &str| {
         rp.status
@@ -367,10 +412,16 @@ async fn check_peers(client: &kube::Client, rp: &RegionPeering, mirrors: &mut [M
         let mut check = EtcdCheck { oversized: oversized(&peer.region), ..Default::default() };
         match &origin_keys {
             Ok(n) => check.origin_keys = Some(*n),
-            Err(e) => check.problems.push(e.clone()),
+            Err((e, unreachable)) => {
+                check.problems.push(e.clone());
+                check.unreachable |= unreachable;
+            }
         }
         match read_peer(client, &namespace, &peer.connection(), origin).await {
-            Err(e) => check.problems.push(format!("cannot read the peer etcd: {e:#}")),
+            Err(e) => {
+                check.problems.push(format!("cannot read the peer etcd: {e:#}"));
+                check.unreachable |= is_unreachable(&e);
+            }
             Ok((keys, canary, checkpoint)) => {
                 check.peer_keys = Some(keys);
                 check.canary_synced = canary;
@@ -400,10 +451,29 @@ async fn connect(
     connection: &crate::api::EtcdConnection,
 ) -> anyhow::Result<etcd_client::Client> {
     let access = resolve_connection(client, namespace, connection).await?;
-    tokio::time::timeout(Duration::from_secs(10), access.target.connect())
-        .await
-        .map_err(|_| anyhow::anyhow!("connecting timed out"))?
-        .map_err(Into::into)
+    match tokio::time::timeout(Duration::from_secs(10), access.target.connect()).await {
+        Err(_) => Err(Unreachable("connecting timed out".into()).into()),
+        Ok(Err(e)) if e.classified().problem == crate::mirror::problem::Problem::Unreachable => {
+            Err(Unreachable(e.classified().message).into())
+        }
+        Ok(result) => result.map_err(Into::into),
+    }
+}
+
+/// No member of an etcd answered from here.
+#[derive(Debug)]
+struct Unreachable(String);
+
+impl std::fmt::Display for Unreachable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "unreachable from here: {}", self.0)
+    }
+}
+
+impl std::error::Error for Unreachable {}
+
+fn is_unreachable(e: &anyhow::Error) -> bool {
+    e.downcast_ref::<Unreachable>().is_some()
 }
 
 async fn count_subtree(
@@ -548,6 +618,18 @@ mod tests {
         let found = problems(&f);
         assert!(found.iter().any(|p| p.starts_with("a (fed/a): stale:")), "{found:?}");
         assert!(render_table(&f).contains("STALE"), "{}", render_table(&f));
+    }
+
+    #[test]
+    fn the_leader_is_asked_by_default_only_for_etcds_this_machine_cannot_reach() {
+        let (_, mut mirrors) = rows("ctx", &peering(&[("b", "Watching", true)]));
+        mirrors[0].etcd = Some(EtcdCheck::default());
+        assert!(!ask_leader(EtcdFrom::Auto, &mirrors), "every etcd answered here");
+        assert!(ask_leader(EtcdFrom::Leader, &mirrors));
+        mirrors[0].etcd = Some(EtcdCheck { unreachable: true, ..Default::default() });
+        assert!(ask_leader(EtcdFrom::Auto, &mirrors));
+        assert!(!ask_leader(EtcdFrom::Here, &mirrors));
+        assert!(!ask_leader(EtcdFrom::Leader, &[]), "nothing to check");
     }
 
     #[test]
