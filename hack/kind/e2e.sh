@@ -338,6 +338,27 @@ if bad:
     sys.exit("; ".join(bad))
 PY
   say "ok: kubectl aether status: $o and $p Ready, neither STALE; --etcd: exit 0, every peer's canary synced, checkpoint present, key counts equal to the peers' etcds, the origins' local etcds counted by their leaders"
+  # doctor from this host, as a user runs it: the local etcd (an in-cluster Service name) is
+  # checked by the region's leader in its pod (--from auto, the default), the peer from here.
+  phase="kubectl aether doctor (healthy)"
+  local doc=$e2e_tmp/doctor-healthy.json
+  t=$(now_ms); rc=0
+  PATH=$plugin_dir:$PATH "$kubectl_bin" aether doctor "$o" --kubeconfig "$kubeconfig" --context "kind-aether-$o" \
+    -n "$NS" -o json >"$doc" 2>"$doc.err" || rc=$?
+  record "kubectl aether doctor $o from this host (its local etcd checked by the leader)" "$(secs $(($(now_ms) - t))) s, exit $rc"
+  python3 - "$doc" "$rc" <<'PY' || { cat "$doc" "$doc.err" >&2; fail "kubectl aether doctor $o from this host on a healthy federation (above)"; }
+import json, sys
+findings = json.load(open(sys.argv[1])); rc = int(sys.argv[2]); bad = []
+failed = [f for f in findings if f["level"] == "Fail"]
+if failed: bad.append("failed: %s" % failed)
+local = [f for f in findings if f["target"] == "local etcd"]
+if not any(f["check"] == "connect" and f["level"] == "Ok" for f in local): bad.append("the local etcd was not connected to: %s" % local)
+if not all("checked from the leader's pod" in f["detail"] for f in local): bad.append("the local etcd's findings do not say the leader checked them: %s" % local)
+if not any(f["target"].startswith("peer ") and f["check"] == "connect" and f["level"] == "Ok" for f in findings): bad.append("no peer connected to")
+if rc != 0: bad.append("exit %d" % rc)
+if bad: sys.exit("; ".join(bad))
+PY
+  say "ok: kubectl aether doctor $o from this host: exit 0, no check failed, its local etcd checked from the leader's pod"
 }
 # In the background from the moment a's operator is gone: kubectl aether status --etcd every
 # second until it calls o STALE (or 60 s pass); the time into DIR/stale.ms.
@@ -499,10 +520,15 @@ done
 phase="helm test"
 for r in "${REGIONS[@]}"; do
   t=$(now_ms)
-  h "$r" test "$RELEASE" -n "$NS" --timeout 5m --logs >"$log_dir/aether-kind-e2e-helm-test-$r.log" 2>&1 \
-    || { cat "$log_dir/aether-kind-e2e-helm-test-$r.log" >&2; fail "helm test $RELEASE in aether-$r"; }
-  grep -q "healthy: " "$log_dir/aether-kind-e2e-helm-test-$r.log" \
-    || { cat "$log_dir/aether-kind-e2e-helm-test-$r.log" >&2; fail "helm test $RELEASE in aether-$r: its log does not say healthy"; }
+  h "$r" test "$RELEASE" -n "$NS" --timeout 5m >"$log_dir/aether-kind-e2e-helm-test-$r.log" 2>&1 \
+    || { cat "$log_dir/aether-kind-e2e-helm-test-$r.log" >&2; k "$r" -n "$NS" logs "$RELEASE-test-federation-healthy" >&2 || true
+         fail "helm test $RELEASE in aether-$r"; }
+  grep -Eq "Phase: +Succeeded" "$log_dir/aether-kind-e2e-helm-test-$r.log" \
+    || { cat "$log_dir/aether-kind-e2e-helm-test-$r.log" >&2; fail "helm test $RELEASE in aether-$r: it does not say Phase: Succeeded"; }
+  # A test pod that passed is deleted (hook-succeeded): helm uninstall would leave a kept one behind.
+  if k "$r" -n "$NS" get pod "$RELEASE-test-federation-healthy" -o name 2>/dev/null | grep -q .; then
+    fail "helm test $RELEASE in aether-$r passed and left its pod behind (helm uninstall would too)"
+  fi
   record "helm test $RELEASE in aether-$r (the federation healthy from inside the cluster)" "$(secs $(($(now_ms) - t))) s"
 done
 

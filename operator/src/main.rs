@@ -192,8 +192,12 @@ struct DoctorArgs {
     /// table, json or yaml.
     #[arg(short, long, value_enum, default_value = "table")]
     output: OutputFormat,
+    /// Where the checks run: auto (from here, and from the region's leader, in its pod, for the
+    /// etcds this machine cannot reach), here, or leader (needs pods/exec on the operator's pods).
+    #[arg(long, value_enum, value_name = "WHERE", default_value = "auto", conflicts_with = "in_cluster")]
+    from: aether_operator::cli::status::EtcdFrom,
     /// Run the checks from the region's leader pod, with the operator's network and credentials
-    /// (through a port-forward to it), instead of from this machine.
+    /// (through a port-forward to its metrics port, with a bearer token), instead of from this machine.
     #[arg(long)]
     in_cluster: bool,
     /// With --in-cluster: reach the operator's metrics listener at this URL instead of through a
@@ -682,7 +686,10 @@ async fn run_status(args: StatusArgs) -> anyhow::Result<StatusOutcome> {
 /// Prints the findings; whether none failed.
 async fn run_doctor(args: DoctorArgs) -> anyhow::Result<bool> {
     use aether_operator::api::RegionPeering;
-    use aether_operator::cli::{client_for, doctor, load_kubeconfig};
+    use aether_operator::cli::status::EtcdFrom;
+    use aether_operator::cli::{client_for, doctor, from_leader, load_kubeconfig};
+    /// How long the region's leader may take to run the checks.
+    const LEADER_TIMEOUT: Duration = Duration::from_secs(60);
     let kubeconfig = load_kubeconfig(args.kubeconfig.as_deref())?;
     let client = client_for(&kubeconfig, args.context.as_deref()).await?;
     let namespace = args.namespace.clone().unwrap_or_else(|| client.default_namespace().to_string());
@@ -718,18 +725,35 @@ async fn run_doctor(args: DoctorArgs) -> anyhow::Result<bool> {
         };
         let answer = aether_operator::cli::in_cluster::ask(&client, &rp, reach, trust, token.as_deref()).await?;
         (answer.checked_from, answer.findings)
+    } else if args.from == EtcdFrom::Leader {
+        let (pod, findings) = from_leader::doctor(&client, &rp, LEADER_TIMEOUT).await.map_err(anyhow::Error::msg)?;
+        (format!("the region's leader, pod {pod}, with the operator's network and identity"), findings)
     } else {
         let host = std::fs::read_to_string("/etc/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
         let from = format!(
             "this machine{}, with your kubeconfig's identity",
             if host.is_empty() { String::new() } else { format!(" ({host})") }
         );
-        (from, doctor::run(&client, &rp).await)
+        let here = doctor::run(&client, &rp).await;
+        let unreachable = doctor::unreachable_targets(&here);
+        if args.from == EtcdFrom::Auto && !unreachable.is_empty() {
+            let asked = from_leader::doctor(&client, &rp, LEADER_TIMEOUT).await;
+            let leader =
+                asked.as_ref().map_or_else(|_| "could not be asked".to_string(), |(pod, _)| format!("pod {pod}"));
+            let from = format!("{from}; {} from the region's leader ({leader})", unreachable.join(", "));
+            (from, doctor::with_leaders(here, asked))
+        } else {
+            (from, here)
+        }
     };
     if args.output == OutputFormat::Table {
         println!(
             "checked from {checked_from}{}",
-            if args.in_cluster { "" } else { "; --in-cluster checks from the operator's pod" }
+            if args.in_cluster || args.from == EtcdFrom::Leader {
+                ""
+            } else {
+                "; --from leader checks from the region's leader's pod"
+            }
         );
     }
     match args.output {

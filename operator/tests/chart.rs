@@ -290,6 +290,8 @@ fn check_uninstall_hook(docs: &[Value]) {
 fn check_test_pod(docs: &[Value]) {
     let pod = one(docs, "Pod");
     assert_eq!(pod["metadata"]["annotations"]["helm.sh/hook"], "test");
+    // helm uninstall does not delete hook pods: one kept after it passed would outlive the release.
+    assert_eq!(pod["metadata"]["annotations"]["helm.sh/hook-delete-policy"], "before-hook-creation,hook-succeeded");
     let deployment = &one(docs, "Deployment")["spec"]["template"]["spec"];
     assert_eq!(pod["spec"]["serviceAccountName"], deployment["serviceAccountName"]);
     let status = &pod["spec"]["containers"][0];

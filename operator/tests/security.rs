@@ -280,9 +280,15 @@ async fn a_namespaced_install_runs_on_the_charts_roles_and_ignores_other_namespa
 }
 
 /// `aether-operator doctor` as the admin: whether it passed, and its findings.
+/// `doctor` as the region's leader runs it in its pod when asked (from where it stands, as JSON).
 fn doctor(apiserver: &KubeApiserver, name: &str) -> (bool, Vec<serde_json::Value>) {
+    doctor_with(apiserver, &aether_operator::cli::from_leader::doctor_args(name, NS))
+}
+
+fn doctor_with(apiserver: &KubeApiserver, args: &[String]) -> (bool, Vec<serde_json::Value>) {
     let out = Command::new(env!("CARGO_BIN_EXE_aether-operator"))
-        .args(["doctor", name, "-n", NS, "-o", "json", "--kubeconfig"])
+        .args(args)
+        .arg("--kubeconfig")
         .arg(apiserver.kubeconfig())
         .output()
         .unwrap();
@@ -361,6 +367,14 @@ async fn doctor_checks_a_least_privilege_mtls_peer_and_says_what_to_do() {
     let connect = found(&findings, "peer d", "connect");
     assert_eq!(connect[0]["level"], "Fail", "{findings:#?}");
     assert!(connect[0]["action"].as_str().unwrap().contains("endpoints"));
+    // By default an etcd this machine cannot reach is the region's leader's to check; with no
+    // operator leading the region, the findings say it could not be asked, beside the failure.
+    let by_default = ["doctor", "gone", "-n", NS, "-o", "json"].map(String::from);
+    let (passed, findings) = doctor_with(&apiserver, &by_default);
+    assert!(!passed);
+    assert_eq!(found(&findings, "peer d", "connect")[0]["level"], "Fail", "{findings:#?}");
+    let asked = found(&findings, "region's leader", "checks from its pod");
+    assert!(asked[0]["detail"].as_str().unwrap().contains("peer d: the status names no leader Lease"), "{findings:#?}");
     // A failed check exits 1; a RegionPeering it cannot find is a check it could not make: 2.
     let code = |name: &str| {
         Command::new(env!("CARGO_BIN_EXE_aether-operator"))
@@ -524,4 +538,20 @@ async fn a_flood_of_huge_and_unknown_tokens_and_stalled_handshakes_leaves_memory
     let budget = 20.0 + 10.0 * lasted.as_secs_f64() + 5.0;
     assert!((reviewed as f64) <= budget, "{reviewed} reviews of unknown tokens in {lasted:?} (bound {budget:.0})");
     assert!(statuses(&huge).keys().all(|s| s != "200"), "a huge token was served");
+}
+
+/// What a workstation asks the region's leader to run in its pod (status --etcd, doctor) are
+/// commands this executable accepts: they get as far as reading the kubeconfig.
+#[test]
+fn the_commands_the_leader_is_asked_to_run_are_ones_it_accepts() {
+    use aether_operator::cli::from_leader::{doctor_args, status_args};
+    for args in [status_args("fed", std::time::Duration::from_secs(20)), doctor_args("a", "fed")] {
+        let out = Command::new(env!("CARGO_BIN_EXE_aether-operator"))
+            .args(&args)
+            .args(["--kubeconfig", "/nonexistent/kubeconfig"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("/nonexistent/kubeconfig"), "{args:?}: {stderr}");
+    }
 }

@@ -33,6 +33,54 @@ pub struct Finding {
     pub action: Option<String>,
 }
 
+/// What to do about an etcd no member of which answers from where the checks ran.
+pub const UNREACHABLE: &str =
+    "check the endpoints and the network path (the region's leader checks from its pod: --from leader)";
+
+/// The targets ("local etcd", "peer b") that could not be reached from where the checks ran (pure).
+pub fn unreachable_targets(findings: &[Finding]) -> Vec<String> {
+    findings
+        .iter()
+        .filter(|f| f.check == "connect" && f.level == Level::Fail && f.action.as_deref() == Some(UNREACHABLE))
+        .map(|f| f.target.clone())
+        .collect()
+}
+
+/// The findings after asking the region's leader about the targets unreachable from here (pure):
+/// each such target's findings are the leader's, saying so; when the leader could not be asked,
+/// a finding says why beside what was found here.
+pub fn with_leaders(here: Vec<Finding>, asked: Result<(String, Vec<Finding>), String>) -> Vec<Finding> {
+    let unreachable = unreachable_targets(&here);
+    match asked {
+        Err(why) => {
+            let mut out = here;
+            out.push(Finding {
+                target: "region's leader".into(),
+                check: "checks from its pod".into(),
+                level: Level::Warn,
+                detail: format!("could not ask it about {}: {why}", unreachable.join(", ")),
+                action: Some(
+                    "give --from here to skip it; asking runs this executable in the leader's container (pods/exec)"
+                        .into(),
+                ),
+            });
+            out
+        }
+        Ok((pod, theirs)) => {
+            let mut out: Vec<Finding> = here.into_iter().filter(|f| !unreachable.contains(&f.target)).collect();
+            for target in &unreachable {
+                out.extend(
+                    theirs.iter().filter(|f| &f.target == target).cloned().map(|f| Finding {
+                        detail: format!("{} (checked from the leader's pod {pod})", f.detail),
+                        ..f
+                    }),
+                );
+            }
+            out
+        }
+    }
+}
+
 /// Certificates closer to expiry than this are reported.
 const EXPIRY_WARNING: Duration = Duration::from_secs(30 * 24 * 3600);
 /// A clock further off than this is reported: the lag and lease arithmetic reads the peer's time.
@@ -217,7 +265,7 @@ async fn check_etcd(
             ));
             c
         }
-        Ok(Err(e)) => {
+        Ok(Err(e)) if e.classified().problem != crate::mirror::problem::Problem::Unreachable => {
             out.push(finding(
                 name,
                 "connect",
@@ -227,14 +275,12 @@ async fn check_etcd(
             ));
             return out;
         }
+        Ok(Err(e)) => {
+            out.push(finding(name, "connect", Level::Fail, e.to_string(), Some(UNREACHABLE)));
+            return out;
+        }
         Err(_) => {
-            out.push(finding(
-                name,
-                "connect",
-                Level::Fail,
-                "no member answered within 10 s",
-                Some("check the endpoints and the network path"),
-            ));
+            out.push(finding(name, "connect", Level::Fail, "no member answered within 10 s", Some(UNREACHABLE)));
             return out;
         }
     };
@@ -408,6 +454,45 @@ mod tests {
         assert_eq!(not_after(cert.der()), Some(2_556_230_400));
         assert_eq!(not_after(b"not a certificate"), None);
         assert_eq!(not_after(&[]), None);
+    }
+
+    #[test]
+    fn the_targets_unreachable_here_take_the_leaders_findings_and_the_rest_stay() {
+        let f = |target: &str, check: &str, level, action: Option<&str>| Finding {
+            target: target.into(),
+            check: check.into(),
+            level,
+            detail: "d".into(),
+            action: action.map(String::from),
+        };
+        let here = vec![
+            f("local etcd", "connect", Level::Fail, Some(UNREACHABLE)),
+            f("peer b", "connect", Level::Ok, None),
+            f("peer c", "connect", Level::Fail, Some("check the endpoints, the network path and TLS")),
+        ];
+        assert_eq!(unreachable_targets(&here), ["local etcd"], "a TLS failure is not for the leader to check");
+        let theirs = vec![
+            f("local etcd", "connect", Level::Ok, None),
+            f("local etcd", "read", Level::Ok, None),
+            f("peer b", "connect", Level::Ok, None),
+        ];
+        let merged = with_leaders(here.clone(), Ok(("ns/op-0".into(), theirs)));
+        let targets: Vec<(&str, &str, Level)> =
+            merged.iter().map(|f| (f.target.as_str(), f.check.as_str(), f.level)).collect();
+        assert_eq!(
+            targets,
+            [
+                ("peer b", "connect", Level::Ok),
+                ("peer c", "connect", Level::Fail),
+                ("local etcd", "connect", Level::Ok),
+                ("local etcd", "read", Level::Ok)
+            ]
+        );
+        assert!(merged[2].detail.ends_with("(checked from the leader's pod ns/op-0)"));
+        let refused = with_leaders(here, Err("the leader Lease x/y is held by nobody".into()));
+        assert_eq!(refused.len(), 4);
+        assert_eq!(refused[0].level, Level::Fail, "what was found here stays");
+        assert!(refused[3].detail.contains("local etcd") && refused[3].detail.contains("held by nobody"));
     }
 
     #[test]

@@ -1,9 +1,10 @@
-//! `status --etcd` from the region's leader: where this machine cannot reach a region's etcds (its
+//! `status --etcd` and `doctor` from the region's leader: where this machine cannot reach a region's etcds (its
 //! local etcd is named by an in-cluster Service, a peer is reachable only from the cluster's
 //! network), the leader checks them from its pod, with the network and credentials the mirror
 //! itself uses. The leader's pod is found from the leader Lease the status names (its holder), and
 //! asked through the API server: the operator's own executable, run in the operator's container
-//! (`status --etcd --etcd-from here -o json`), reading the cluster from inside it. Who may do
+//! (`status --etcd --etcd-from here -o json`, `doctor --from here -o json`), reading the cluster
+//! from inside it. Who may do
 //! this is who may exec into the operator's pods: the API server decides, nothing new is served.
 use super::status::{EtcdCheck, Federation, MirrorRow};
 use crate::api::RegionPeering;
@@ -29,6 +30,35 @@ pub struct Answer {
 
 /// The rows of `rp` as checked by its region's leader, or why the leader could not be asked.
 pub async fn check(client: &kube::Client, rp: &RegionPeering, timeout: Duration) -> Result<Answer, String> {
+    let namespace = rp.namespace().unwrap_or_default();
+    let (pod, stdout, stderr) = run_in_leader(client, rp, &status_args(&namespace, timeout), timeout).await?;
+    let federation: Federation = parse(&stdout, &stderr).map_err(|e| format!("the leader {pod}: {e}"))?;
+    let object = format!("{namespace}/{}", rp.name_any());
+    let mirrors = federation.mirrors.into_iter().filter(|m| m.object == object).collect();
+    Ok(Answer { pod, mirrors })
+}
+
+/// `doctor`'s findings of `rp`, checked by its region's leader from its pod: the leader's pod and
+/// the findings, or why the leader could not be asked.
+pub async fn doctor(
+    client: &kube::Client,
+    rp: &RegionPeering,
+    timeout: Duration,
+) -> Result<(String, Vec<super::doctor::Finding>), String> {
+    let namespace = rp.namespace().unwrap_or_default();
+    let (pod, stdout, stderr) = run_in_leader(client, rp, &doctor_args(&rp.name_any(), &namespace), timeout).await?;
+    let findings = parse(&stdout, &stderr).map_err(|e| format!("the leader {pod}: {e}"))?;
+    Ok((pod, findings))
+}
+
+/// Runs the operator's executable with `args` in the container of the pod holding the leader
+/// Lease `rp`'s status names; the pod ("namespace/name"), and what the executable wrote.
+async fn run_in_leader(
+    client: &kube::Client,
+    rp: &RegionPeering,
+    args: &[String],
+    timeout: Duration,
+) -> Result<(String, Vec<u8>, Vec<u8>), String> {
     let lease = rp
         .status
         .as_ref()
@@ -48,18 +78,15 @@ pub async fn check(client: &kube::Client, rp: &RegionPeering, timeout: Duration)
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let pod = pods.get(&holder).await.map_err(|e| format!("reading the leader's pod {namespace}/{holder}: {e}"))?;
     let pod_name = format!("{namespace}/{holder}");
-    let (container, command) =
+    let (container, executable) =
         operator_container(&pod).ok_or_else(|| format!("the pod {pod_name} has no container"))?;
-    let object_namespace = rp.namespace().unwrap_or_default();
-    let argv = command_line(&command, &object_namespace, timeout);
-    let answer = tokio::time::timeout(timeout + Duration::from_secs(10), run(&pods, &holder, &container, argv))
-        .await
-        .map_err(|_| format!("the leader {pod_name} did not answer within {timeout:?}"))?
-        .map_err(|e| format!("asking the leader {pod_name}: {e}"))?;
-    let federation = parse(&answer.0, &answer.1).map_err(|e| format!("the leader {pod_name}: {e}"))?;
-    let object = format!("{object_namespace}/{}", rp.name_any());
-    let mirrors = federation.mirrors.into_iter().filter(|m| m.object == object).collect();
-    Ok(Answer { pod: pod_name, mirrors })
+    let argv: Vec<String> = std::iter::once(executable).chain(args.iter().cloned()).collect();
+    let (stdout, stderr) =
+        tokio::time::timeout(timeout + Duration::from_secs(10), run(&pods, &holder, &container, argv))
+            .await
+            .map_err(|_| format!("the leader {pod_name} did not answer within {timeout:?}"))?
+            .map_err(|e| format!("asking the leader {pod_name}: {e}"))?;
+    Ok((pod_name, stdout, stderr))
 }
 
 /// The operator's container in `pod`, and the executable it runs (pure).
@@ -70,14 +97,18 @@ fn operator_container(pod: &Pod) -> Option<(String, String)> {
     Some((c.name.clone(), command))
 }
 
-/// What the leader runs: this check, from where it stands, of `namespace`'s RegionPeerings (pure).
-fn command_line(executable: &str, namespace: &str, timeout: Duration) -> Vec<String> {
+/// What the leader runs for `status --etcd`: the check from where it stands, of `namespace`'s
+/// RegionPeerings (pure).
+pub fn status_args(namespace: &str, timeout: Duration) -> Vec<String> {
     let timeout = format!("{}s", timeout.as_secs().max(1));
-    [executable, "status", "--etcd", "--etcd-from", "here", "--namespace", namespace, "--output", "json"]
-        .into_iter()
+    ["status", "--etcd", "--etcd-from", "here", "--namespace", namespace, "--output", "json", "--timeout", &timeout]
         .map(String::from)
-        .chain(["--timeout".to_string(), timeout])
-        .collect()
+        .to_vec()
+}
+
+/// What the leader runs for `doctor`: the checks from where it stands, as JSON (pure).
+pub fn doctor_args(name: &str, namespace: &str) -> Vec<String> {
+    ["doctor", name, "--namespace", namespace, "--from", "here", "--output", "json"].map(String::from).to_vec()
 }
 
 /// Runs `argv` in the container; its standard output and error.
@@ -97,13 +128,17 @@ async fn run(pods: &Api<Pod>, pod: &str, container: &str, argv: Vec<String>) -> 
     Ok((out?, err?))
 }
 
-/// The leader's answer as a federation, or what it said instead (pure).
-fn parse(stdout: &[u8], stderr: &[u8]) -> Result<Federation, String> {
+/// The leader's answer as JSON, or what it said instead (pure).
+fn parse<T: serde::de::DeserializeOwned>(stdout: &[u8], stderr: &[u8]) -> Result<T, String> {
     serde_json::from_slice(stdout).map_err(|_| {
         let said = String::from_utf8_lossy(stderr);
         let said = said.trim();
         let said: String = said.chars().take(400).collect();
-        if said.is_empty() { "answered no status".to_string() } else { format!("answered no status: {said}") }
+        if said.is_empty() {
+            "answered nothing readable".to_string()
+        } else {
+            format!("answered nothing readable: {said}")
+        }
     })
 }
 
@@ -192,11 +227,11 @@ mod tests {
             Federation { mirrors: vec![mirror("a", "b", Some(EtcdCheck::default()))], ..Default::default() };
         let mut json = serde_json::to_value(&federation).unwrap();
         json["healthy"] = true.into();
-        let parsed = parse(json.to_string().as_bytes(), b"").unwrap();
+        let parsed: Federation = parse(json.to_string().as_bytes(), b"").unwrap();
         assert_eq!(parsed.mirrors[0].origin, "a");
-        let refused = parse(b"", b"error: unexpected argument '--etcd-from' found\n").err().unwrap();
+        let refused = parse::<Federation>(b"", b"error: unexpected argument '--etcd-from' found\n").err().unwrap();
         assert!(refused.contains("unexpected argument '--etcd-from'"), "{refused}");
-        assert_eq!(parse(b"", b"").err().unwrap(), "answered no status");
+        assert_eq!(parse::<Federation>(b"", b"").err().unwrap(), "answered nothing readable");
     }
 
     #[test]
@@ -208,10 +243,7 @@ mod tests {
         assert_eq!(operator_container(&pod), Some(("operator".into(), "/bin/op".into())));
         let plain: Pod = serde_json::from_value(serde_json::json!({"spec": {"containers": [{"name": "x"}]}})).unwrap();
         assert_eq!(operator_container(&plain), Some(("x".into(), ENTRYPOINT.into())));
-        let argv = command_line(ENTRYPOINT, "fed", Duration::from_secs(20));
-        assert_eq!(
-            argv.join(" "),
-            "/aether-operator status --etcd --etcd-from here --namespace fed --output json --timeout 20s"
-        );
+        let args = status_args("fed", Duration::from_secs(20));
+        assert_eq!(args.join(" "), "status --etcd --etcd-from here --namespace fed --output json --timeout 20s");
     }
 }

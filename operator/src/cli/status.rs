@@ -57,11 +57,10 @@ pub struct EtcdCheck {
     pub unreachable: bool,
 }
 
-/// Where `--etcd` reads the etcds from.
+/// Where the etcds are read from (`status --etcd-from`, `doctor --from`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum EtcdFrom {
-    /// From here, and from the region's leader for the RegionPeerings whose etcds this machine
-    /// cannot reach.
+    /// From here, and from the region's leader for the etcds this machine cannot reach.
     Auto,
     /// From here only.
     Here,
