@@ -260,6 +260,12 @@ impl Federation {
     /// `kubectl aether <args>`: the binary installed as a kubectl plugin (named `kubectl-aether`
     /// on the PATH).
     pub fn kubectl_plugin(&self, args: &[&str]) -> anyhow::Result<(bool, String)> {
+        let (code, out) = self.kubectl_plugin_exit(args)?;
+        Ok((code == Some(0), out))
+    }
+
+    /// As `kubectl_plugin`, with the exit code.
+    pub fn kubectl_plugin_exit(&self, args: &[&str]) -> anyhow::Result<(Option<i32>, String)> {
         let plugins = self.dir.path().join("plugins");
         let plugin = plugins.join("kubectl-aether");
         if !plugin.exists() {
@@ -275,7 +281,7 @@ impl Federation {
             .env("PATH", path)
             .output()?;
         Ok((
-            out.status.success(),
+            out.status.code(),
             String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr),
         ))
     }

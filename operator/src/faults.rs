@@ -5,6 +5,7 @@
 //! empty there and the variable is never read.
 
 /// How many times each named point panics: a count, or `always`.
+#[cfg(any(debug_assertions, test))]
 fn parse(spec: &str) -> Vec<(String, u64)> {
     spec.split(',')
         .filter_map(|term| term.split_once('='))

@@ -55,6 +55,8 @@ async fn demo() -> anyhow::Result<()> {
         step(&format!("kubectl get regionpeerings -n {NAMESPACE} -o wide   (region {region})"));
         print!("{}", fed.get_wide(region)?);
     }
+    step("kubectl aether status --etcd --context a --context b   (the federation in one table; exit 0: healthy)");
+    show_status(&fed)?;
     step("mirrored key counts (keys of each origin in each region's registry etcd)");
     for region in ["a", "b"] {
         println!(
@@ -90,12 +92,22 @@ async fn demo() -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_secs(3)).await;
     step("region b's view now");
     print!("{}", fed.get_wide("b")?);
+    step("kubectl aether status --etcd --context a --context b   (exit 1: a is STALE, its copy on b gone)");
+    show_status(&fed)?;
 
     if std::env::var_os("AETHER_DEMO_EXIT").is_some() {
         return Ok(());
     }
     println!("\nThe regions keep running; press Ctrl-C to stop and clean up.");
     std::future::pending::<()>().await;
+    Ok(())
+}
+
+/// `kubectl aether status --etcd` over both regions' contexts, as a user runs it, and its exit code.
+fn show_status(fed: &Federation) -> anyhow::Result<()> {
+    let (code, out) = fed.kubectl_plugin_exit(&["status", "--etcd", "--context", "a", "--context", "b"])?;
+    print!("{out}");
+    println!("(exit {})", code.map_or_else(|| "by a signal".to_string(), |c| c.to_string()));
     Ok(())
 }
 
