@@ -9,7 +9,17 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 
 #[derive(Parser)]
-#[command(name = "aether-operator", version, about = "Federates the aether endpoint registry across regions")]
+#[command(
+    name = "aether-operator",
+    version,
+    about = "Federates the aether endpoint registry across regions",
+    after_help = "Examples:
+  kubectl aether status --all-contexts --etcd     # every region, each peer's copy checked on its etcd
+  kubectl aether doctor <name> -n aether-system   # why a region's mirror does not come up
+  kubectl aether report --all-contexts            # a support bundle to attach to a bug report
+
+Reading the output: docs/status.md; from a symptom to its cause: docs/troubleshooting.md"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -17,31 +27,40 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the operator: leader election, the RegionPeering and RegistrySchema reconcilers.
-    Run(RunArgs),
-    /// Run the v0 -> v1 drain once against an etcd, without the CRD, and print its report.
-    Drain(DrainArgs),
-    /// The whole federation: every region's RegionPeering through kubeconfig contexts (the current
-    /// one, those named with --context, or --all-contexts), as an origin x peer matrix. Exits 0
-    /// when healthy, 1 when not, 2 when it could not check.
+    /// The whole federation as an origin x peer matrix; exit 0 healthy, 1 not, 2 could not check.
+    ///
+    /// Every region's RegionPeering through kubeconfig contexts (the current one, those named
+    /// with --context, or --all-contexts). With --etcd, each peer's copy is checked on its etcd.
     Status(StatusArgs),
-    /// Check one RegionPeering's credentials against each etcd it names. Exits 0 when every check
-    /// passed, 1 when one failed, 2 when it could not check (as `status`).
+    /// Check a RegionPeering's credentials and permissions on each etcd it names.
+    ///
+    /// Exits 0 when every check passed, 1 when one failed, 2 when it could not check (as
+    /// `status`).
     Doctor(DoctorArgs),
-    /// This client's version and, per context, whether the installed CRDs and the leading
-    /// operator are of the same version. Exits 0 when they agree, 1 when not, 2 when it could
-    /// not check.
+    /// Collect a support bundle (objects, events, logs, status) into a directory.
+    ///
+    /// The RegionPeerings and RegistrySchemas, their events, the operator's Lease, Deployments,
+    /// Pods and logs, and `status`, one subdirectory per context. Secrets are never read;
+    /// environment values are redacted.
+    Report(ReportArgs),
+    /// This client's version, and whether each context's CRDs and operator match it.
+    ///
+    /// Exits 0 when they agree, 1 when not, 2 when it could not check.
     Version(VersionArgs),
-    /// Print a shell completion script: `source <(aether-operator completion bash)`, or write it
-    /// where the shell loads completions from.
+    /// Print a shell completion script (bash, zsh, fish, powershell, elvish).
+    ///
+    /// `source <(aether-operator completion bash)`, or write it where the shell loads completions
+    /// from.
     Completion {
         /// bash, zsh, fish, powershell or elvish.
         shell: clap_complete::Shell,
     },
-    /// Collect a support bundle into a directory: the RegionPeerings and RegistrySchemas, their
-    /// events, the operator's Lease, Deployments, Pods and logs, and `status`, one subdirectory per
-    /// context. Secrets are never read; environment values are redacted.
-    Report(ReportArgs),
+    /// Run the operator (what the chart's Deployment runs).
+    ///
+    /// Leader election, the RegionPeering and RegistrySchema reconcilers, the mirror workers.
+    Run(RunArgs),
+    /// Run the v0 -> v1 drain once against an etcd, without the CRD, and print its report.
+    Drain(DrainArgs),
     /// Write every generated manifest (CRDs, RBAC) under a repository root (`make manifests`).
     #[command(hide = true)]
     Manifests {
