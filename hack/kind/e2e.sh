@@ -360,6 +360,29 @@ if bad: sys.exit("; ".join(bad))
 PY
   say "ok: kubectl aether doctor $o from this host: exit 0, no check failed, its local etcd checked from the leader's pod"
 }
+# The Verify commands of the README and of docs/multi-region.md, run as written on this healthy
+# federation: their regions are this one's (eu-west -> a, us-east -> b, a context per region named
+# kind-aether-<r>, the current one eu-west's), and each command exits 0.
+docs_verify() {
+  phase="the docs' verify commands"
+  local doc cmd n rc out cfg=$e2e_tmp/docs-verify.kubeconfig
+  cp "$kubeconfig" "$cfg"
+  "$kubectl_bin" --kubeconfig "$cfg" config use-context "kind-aether-$o" >/dev/null
+  for doc in README.md docs/multi-region.md; do
+    n=0
+    while IFS= read -r cmd; do
+      [[ -z $cmd ]] && continue
+      cmd=${cmd//--context eu-west/--context kind-aether-$o}; cmd=${cmd//--context us-east/--context kind-aether-$p}
+      cmd=${cmd//eu-west/$o}; cmd=${cmd//us-east/$p}
+      n=$((n + 1)); rc=0
+      out=$(cd "$e2e_tmp" && PATH=$plugin_dir:$(dirname "$kubectl_bin"):$PATH KUBECONFIG=$cfg timeout 330 bash -c "$cmd" 2>&1) || rc=$?
+      say "$doc, Verify: $cmd: exit $rc"
+      ((rc == 0)) || { echo "$out" >&2; fail "$doc's Verify command '$cmd' exits $rc on a healthy federation (above)"; }
+    done < <(awk '/^## Verify/ { v = 1 } v && /^```sh/ { b = 1; next } b && /^```/ { exit } b' "$root/$doc")
+    ((n >= 3)) || fail "$doc's Verify section: $n commands found (expected its sh block of three)"
+  done
+  say "ok: the Verify commands of the README and docs/multi-region.md, run as written, exit 0"
+}
 # In the background from the moment a's operator is gone: kubectl aether status --etcd every
 # second until it calls o STALE (or 60 s pass); the time into DIR/stale.ms.
 aether_status_watch_stale() { # DIR T_GONE_MS
@@ -989,7 +1012,7 @@ region_loss() {
   ((n_before > 0)) || fail "aether-$p holds no key under $pre before the region loss"
   say "region loss: aether-$p holds $n_before keys under $pre (and $fed_before under /aether/v1/federation/$o/); TTL ${ttl}s + keepalive ${ka}s + margin ${LAPSE_MARGIN}s = lapse bound ${lapse_bound}s; b's acceptable pause ${pause}s + refresh ${refresh}s + margin ${STATUS_MARGIN}s = status bound ${status_bound}s"
   say "region loss: before, regionpeering/$p says of $o: $(b_view_of_a)"
-  [[ -n $plugin_from ]] && aether_status_healthy
+  [[ -n $plugin_from ]] && aether_status_healthy && docs_verify
   phase="region loss ($o)"
   resync_events_before_loss=$(event_count ResyncStarted) || fail "reading the events of regionpeering/$o"
 

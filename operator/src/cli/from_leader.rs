@@ -1,11 +1,11 @@
-//! `status --etcd` and `doctor` from the region's leader: where this machine cannot reach a region's etcds (its
-//! local etcd is named by an in-cluster Service, a peer is reachable only from the cluster's
-//! network), the leader checks them from its pod, with the network and credentials the mirror
-//! itself uses. The leader's pod is found from the leader Lease the status names (its holder), and
-//! asked through the API server: the operator's own executable, run in the operator's container
-//! (`status --etcd --etcd-from here -o json`, `doctor --from here -o json`), reading the cluster
-//! from inside it. Who may do
-//! this is who may exec into the operator's pods: the API server decides, nothing new is served.
+//! `status --etcd` and `doctor` from the region's leader: where this machine cannot reach a
+//! region's etcds (its local etcd is named by an in-cluster Service, a peer is reachable only from
+//! the cluster's network), the leader checks them from its pod, with the network and credentials
+//! the mirror itself uses. The leader's pod is found from the leader Lease the status names (its
+//! holder), and asked through the API server: the operator's own executable, run in the
+//! operator's container (`status --etcd --etcd-from here -o json`, `doctor --from here -o json`),
+//! reading the cluster from inside it. Who may do this is who may exec into the operator's pods:
+//! the API server decides, nothing new is served.
 use super::status::{EtcdCheck, Federation, MirrorRow};
 use crate::api::RegionPeering;
 use k8s_openapi::api::coordination::v1::Lease;
