@@ -138,9 +138,7 @@ struct StatusArgs {
     /// holds as many keys as the origin.
     #[arg(long)]
     etcd: bool,
-    /// Where --etcd reads the etcds from: auto (from here, and from the region's leader, in its
-    /// pod, for the etcds this machine cannot reach), here, or leader (needs pods/exec on the
-    /// operator's pods).
+    /// Where --etcd reads the etcds from.
     #[arg(long, value_enum, value_name = "WHERE", default_value = "auto", requires = "etcd")]
     etcd_from: aether_operator::cli::status::EtcdFrom,
     /// table, json or yaml.
@@ -211,8 +209,7 @@ struct DoctorArgs {
     /// table, json or yaml.
     #[arg(short, long, value_enum, default_value = "table")]
     output: OutputFormat,
-    /// Where the checks run: auto (from here, and from the region's leader, in its pod, for the
-    /// etcds this machine cannot reach), here, or leader (needs pods/exec on the operator's pods).
+    /// Where the checks run.
     #[arg(long, value_enum, value_name = "WHERE", default_value = "auto", conflicts_with = "in_cluster")]
     from: aether_operator::cli::status::EtcdFrom,
     /// Run the checks from the region's leader pod, with the operator's network and credentials
