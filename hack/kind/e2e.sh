@@ -367,6 +367,7 @@ docs_verify() {
   phase="the docs' verify commands"
   local doc cmd n rc out cfg=$e2e_tmp/docs-verify.kubeconfig
   cp "$kubeconfig" "$cfg"
+  : >"$log_dir/aether-kind-e2e-docs-verify.log"
   "$kubectl_bin" --kubeconfig "$cfg" config use-context "kind-aether-$o" >/dev/null
   for doc in README.md docs/multi-region.md; do
     n=0
@@ -377,11 +378,12 @@ docs_verify() {
       n=$((n + 1)); rc=0
       out=$(cd "$e2e_tmp" && PATH=$plugin_dir:$(dirname "$kubectl_bin"):$PATH KUBECONFIG=$cfg timeout 330 bash -c "$cmd" 2>&1) || rc=$?
       say "$doc, Verify: $cmd: exit $rc"
+      printf '$ %s   (exit %s)\n%s\n\n' "$cmd" "$rc" "$out" >>"$log_dir/aether-kind-e2e-docs-verify.log"
       ((rc == 0)) || { echo "$out" >&2; fail "$doc's Verify command '$cmd' exits $rc on a healthy federation (above)"; }
     done < <(awk '/^## Verify/ { v = 1 } v && /^```sh/ { b = 1; next } b && /^```/ { exit } b' "$root/$doc")
     ((n >= 3)) || fail "$doc's Verify section: $n commands found (expected its sh block of three)"
   done
-  say "ok: the Verify commands of the README and docs/multi-region.md, run as written, exit 0"
+  say "ok: the Verify commands of the README and docs/multi-region.md, run as written, exit 0 (what they printed: $log_dir/aether-kind-e2e-docs-verify.log)"
 }
 # In the background from the moment a's operator is gone: kubectl aether status --etcd every
 # second until it calls o STALE (or 60 s pass); the time into DIR/stale.ms.

@@ -948,6 +948,9 @@ async fn a_release_installs_upgrades_and_uninstalls_leaving_nothing_behind() {
     // The notes' commands run as printed: nothing left for the reader to fill in.
     let notes = installed.split("NOTES:").nth(1).unwrap_or_else(|| panic!("no notes: {installed}"));
     assert!(!notes.contains("<name>") && !notes.contains("<namespace>") && !notes.contains("pod>"), "{notes}");
+    // How to verify: the whole federation from a workstation, and from inside the cluster.
+    assert!(notes.contains("kubectl aether status --all-contexts --etcd"), "{notes}");
+    assert!(notes.contains(&format!("helm test {RELEASE} -n {NAMESPACE}")), "{notes}");
     for crd in ["regionpeerings.federation.aether.dev", "registryschemas.federation.aether.dev"] {
         let annotations = kubectl(&apiserver, &["get", "crd", crd, "-o", "jsonpath={.metadata.annotations}"]);
         assert!(annotations.contains("federation.aether.dev/schema-digest"), "{crd}: {annotations}");
