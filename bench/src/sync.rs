@@ -267,12 +267,13 @@ pub async fn bench_scale(table: &mut Table) -> anyhow::Result<()> {
             None
         };
         // What every watch Txn carries besides the ops: the progress record (owner, revision,
-        // what was sent), whatever the subtree's size; the lease layout is written only when it
-        // changes.
+        // what was sent, the keys then held), whatever the subtree's size; the lease layout is
+        // written only when it changes.
         let progress = aether_operator::mirror::records::checkpoint::Progress {
             owner: "bench-p0".into(),
             revision: keys_n as i64 * 2,
             sent_through: keys_n as i64 * 2,
+            keys: Some(keys_n as i64),
         };
         let bookkeeping = progress.encode().len() + keys::progress_key("a").len();
         let vs_100k = one_peer_rate.get(&100_000).map(|r| r / keys_per_s);

@@ -777,3 +777,77 @@ async fn an_origin_with_more_peers_than_turns_syncs_them_in_turns_and_completes_
         handle.shutdown().await;
     }
 }
+
+/// The peer's inbound view (the status's INBOUND column and `aether_federation_inbound_keys`)
+/// reads the origin's keys from the progress record its worker writes with every batch instead of
+/// walking the peer's index; that count is the peer's through writes, deletes and lease splits, and
+/// once the copy lapses the view says so.
+#[tokio::test]
+async fn the_inbound_view_reads_the_recorded_count_which_follows_writes_deletes_and_splits_and_a_lapse() {
+    let pair = pair().await;
+    let mut origin = client(&pair.origin).await;
+    let mut peer = client(&pair.peer).await;
+    write_keys(&mut origin, "a", 0..500, "v1").await;
+    let mut cfg = config("w1");
+    cfg.max_keys_per_lease = 64; // the copy grows past its leases' cap: shards split online
+    let (handle, _events) = start(cfg, &pair);
+    wait_synced(&handle).await;
+
+    let recorded = |mut peer: Client| async move {
+        let resp = peer.get(keys::progress_key("a"), None).await.unwrap();
+        resp.kvs().first().and_then(|kv| aether_operator::mirror::records::checkpoint::Progress::decode(kv.value()))
+    };
+    let view_matches = |expected: i64| {
+        let peer = peer.clone();
+        move || {
+            let mut peer = peer.clone();
+            async move {
+                let view = mirror::inbound::observe(&mut peer, "b", &["a".to_string()]).await?;
+                let held = key_count(&mut peer, &keys::region_prefix("a")).await;
+                let a = view.iter().find(|o| o.origin == "a").cloned();
+                Ok(held == expected
+                    && a.is_some_and(|a| {
+                        a.keys == expected && a.synced && a.lease_ttl_remaining.is_some_and(|ttl| ttl > 0)
+                    }))
+            }
+        }
+    };
+    wait_until("the view shows the synced copy", DEADLINE, view_matches(500)).await.unwrap();
+    assert_eq!(recorded(peer.clone()).await.and_then(|p| p.keys), Some(500), "the sync records its count");
+
+    // Writes, updates and deletes in many batches, past the leases' cap.
+    write_keys(&mut origin, "a", 500..900, "v1").await;
+    write_keys(&mut origin, "a", 100..150, "v2").await;
+    for i in 0..60 {
+        origin.delete(endpoint_key("a", i), None).await.unwrap();
+    }
+    converged(&pair).await;
+    if let Err(e) = wait_until("the view follows the copy", DEADLINE, view_matches(840)).await {
+        let view = mirror::inbound::observe(&mut peer, "b", &["a".to_string()]).await;
+        let held = key_count(&mut peer, &keys::region_prefix("a")).await;
+        panic!(
+            "{e}: the view {view:?}, the peer holds {held}, the record {:?}, the worker {:?}",
+            recorded(peer.clone()).await,
+            handle.health()
+        );
+    }
+    assert_eq!(recorded(peer.clone()).await.and_then(|p| p.keys), Some(840), "the watch records its count");
+    assert!(handle.health().leases > 500 / 64, "the shards split: {:?}", handle.health());
+
+    // The worker dies: once the copy lapses, the view shows it gone, not the last count recorded.
+    handle.abort();
+    let lapsed = wait_until("the view shows the lapse", DEADLINE, || {
+        let mut peer = peer.clone();
+        async move {
+            let view = mirror::inbound::observe(&mut peer, "b", &["a".to_string()]).await?;
+            Ok(view.iter().any(|o| o.origin == "a" && o.keys == 0 && !o.synced))
+        }
+    })
+    .await;
+    if let Err(e) = lapsed {
+        let view = mirror::inbound::observe(&mut peer, "b", &["a".to_string()]).await;
+        let canary = peer.get(keys::canary_key("a"), None).await.map(|r| format!("{:?}", r.kvs()));
+        panic!("{e}: the view {view:?}, the canary {canary:?}");
+    }
+    assert_eq!(key_count(&mut peer, &keys::region_prefix("a")).await, 0);
+}

@@ -187,13 +187,14 @@ impl Worker {
         write
     }
 
-    pub(super) fn progress_op(&self, revision: i64, sent_through: i64) -> TxnOp {
-        TxnOp::put(keys::progress_key(&self.config.origin), self.progress_value(revision, sent_through), None)
+    pub(super) fn progress_op(&self, revision: i64, sent_through: i64, keys: i64) -> TxnOp {
+        TxnOp::put(keys::progress_key(&self.config.origin), self.progress_value(revision, sent_through, keys), None)
     }
 
-    /// The progress record's value for `revision`, its writer having sent up to `sent_through`.
-    pub(super) fn progress_value(&self, revision: i64, sent_through: i64) -> Vec<u8> {
-        Progress { owner: self.config.owner_id.clone(), revision, sent_through }.encode()
+    /// The progress record's value for `revision`, its writer having sent up to `sent_through`,
+    /// the peer then holding `keys` of the origin's keys.
+    pub(super) fn progress_value(&self, revision: i64, sent_through: i64, keys: i64) -> Vec<u8> {
+        Progress { owner: self.config.owner_id.clone(), revision, sent_through, keys: Some(keys) }.encode()
     }
 
     /// What one peer Txn may carry: the configured limits (ops lowered if the peer said so), less

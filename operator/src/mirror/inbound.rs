@@ -1,13 +1,19 @@
 //! What the other regions mirror into the local etcd, observed read-only: per origin, its keys,
 //! the remaining TTL of its leases, its sync canary and its checkpoint's revision.
 //!
+//! Its cost does not grow with the registry: an origin whose canary says its copy is complete
+//! and whose progress record counts its keys (every watch batch writes it) is read as three small
+//! records and one lease's TTL, the canary's. Only an origin without those (syncing, lapsed, or of
+//! an earlier version) has its keys counted, a walk of the etcd's index over its subtree.
+//!
 //! Another region's mirror user may write anything under its own `/aether/v1/federation/<r>/`
 //! here, so every read is bounded: origins are found one keys-only read each (at most
 //! [`MAX_ORIGINS`], names that are not region names skipped, so they never reach a metric label),
-//! and of each origin's records only the checkpoint's header and its first part (four lease ids
-//! are all the view uses), the canary and one lease's TTL are read, whatever the records say.
+//! and of each origin's records only the progress record, the canary, the checkpoint's header and,
+//! without a canary, its first part (four lease ids) and their TTLs are read, whatever they say.
 use crate::keys;
-use etcd_client::{Client, GetOptions};
+use crate::mirror::records::checkpoint::{Checkpoint, Progress};
+use etcd_client::{Client, GetOptions, Txn, TxnOp, TxnOpResponse};
 use std::collections::BTreeSet;
 
 /// The most origins the view lists in one etcd (a mesh holds at most 33 regions).
@@ -68,39 +74,88 @@ pub async fn observe(local: &mut Client, own_region: &str, expected: &[String]) 
 
     let mut out = Vec::with_capacity(origins.len());
     for origin in origins.into_iter().take(MAX_ORIGINS) {
-        let count =
-            local.get(keys::region_prefix(&origin), Some(GetOptions::new().with_prefix().with_count_only())).await?;
-        let (revision, leases) = first_leases(local, &origin).await?;
-        let canary = local.get(keys::canary_key(&origin), None).await?;
-        let synced = canary.kvs().first().is_some_and(|kv| canary_says_synced(kv.value()));
-        let mut ttl: Option<i64> = None;
-        // A few leases tell the story; every shard shares the same keepalive.
-        for lease in leases.into_iter().take(4) {
-            if let Ok(resp) = local.lease_time_to_live(lease, None).await {
-                let remaining = resp.ttl().max(0);
-                ttl = Some(ttl.map_or(remaining, |t: i64| t.min(remaining)));
-            }
-        }
-        out.push(InboundOrigin {
-            origin,
-            keys: count.count(),
-            lease_ttl_remaining: ttl,
-            synced,
-            checkpoint_revision: revision,
-        });
+        out.push(observe_origin(local, &origin).await?);
     }
     Ok(out)
 }
 
-/// The origin's checkpoint revision and its first few lease ids: the header, and of a layout kept
-/// in parts the first part only, whatever the header says of the others.
-async fn first_leases(local: &mut Client, origin: &str) -> anyhow::Result<(Option<i64>, Vec<i64>)> {
-    let header = local.get(keys::checkpoint_key(origin), None).await?;
-    let Some(header) =
-        header.kvs().first().and_then(|kv| crate::mirror::records::checkpoint::Checkpoint::decode(kv.value()))
-    else {
-        return Ok((None, Vec::new()));
+/// One origin's records here, read in one Txn: its progress record, its canary and its
+/// checkpoint's header.
+struct Records {
+    progress: Option<Progress>,
+    /// The canary's value and lease (0: none).
+    canary: Option<(Vec<u8>, i64)>,
+    checkpoint: Option<Checkpoint>,
+}
+
+async fn observe_origin(local: &mut Client, origin: &str) -> anyhow::Result<InboundOrigin> {
+    let records = read_records(local, origin).await?;
+    let synced = records.canary.as_ref().is_some_and(|(value, _)| canary_says_synced(value));
+    let keys = match recorded_keys(synced, records.progress.as_ref()) {
+        Some(keys) => keys,
+        None => {
+            let options = GetOptions::new().with_prefix().with_count_only();
+            local.get(keys::region_prefix(origin), Some(options)).await?.count()
+        }
     };
+    // The canary is on the first shard's lease; without it, a few of the checkpoint's leases tell
+    // the story (every shard shares the same keepalive).
+    let leases = match &records.canary {
+        Some((_, lease)) if *lease != 0 => vec![*lease],
+        _ => match &records.checkpoint {
+            Some(header) => first_leases(local, origin, header).await?,
+            None => Vec::new(),
+        },
+    };
+    let mut ttl: Option<i64> = None;
+    for lease in leases.into_iter().take(4) {
+        if let Ok(resp) = local.lease_time_to_live(lease, None).await {
+            let remaining = resp.ttl().max(0);
+            ttl = Some(ttl.map_or(remaining, |t: i64| t.min(remaining)));
+        }
+    }
+    Ok(InboundOrigin {
+        origin: origin.to_string(),
+        keys,
+        lease_ttl_remaining: ttl,
+        synced,
+        checkpoint_revision: records.checkpoint.map(|c| c.revision),
+    })
+}
+
+/// The origin's keys here as its writer recorded them, when the record can be trusted without
+/// counting (pure): the canary says the copy is complete (it is on the origin's lease, so it is
+/// gone once the copy lapses, and a resync marks it before moving any key), and the progress
+/// record counts the keys (every batch of this version writes the count with its revision).
+pub fn recorded_keys(synced: bool, progress: Option<&Progress>) -> Option<i64> {
+    if !synced {
+        return None;
+    }
+    progress.and_then(|p| p.keys).filter(|keys| *keys >= 0)
+}
+
+async fn read_records(local: &mut Client, origin: &str) -> anyhow::Result<Records> {
+    let txn = Txn::new().and_then([
+        TxnOp::get(keys::progress_key(origin), None),
+        TxnOp::get(keys::canary_key(origin), None),
+        TxnOp::get(keys::checkpoint_key(origin), None),
+    ]);
+    let resp = crate::mirror::target::kv(local).txn(txn).await?;
+    let mut values = resp.op_responses().into_iter().map(|op| match op {
+        TxnOpResponse::Get(get) => get.kvs().first().map(|kv| (kv.value().to_vec(), kv.lease())),
+        _ => None,
+    });
+    let (progress, canary, checkpoint) = (values.next().flatten(), values.next().flatten(), values.next().flatten());
+    Ok(Records {
+        progress: progress.and_then(|(value, _)| Progress::decode(&value)),
+        canary,
+        checkpoint: checkpoint.and_then(|(value, _)| Checkpoint::decode(&value)),
+    })
+}
+
+/// The first few lease ids of the origin's checkpoint: the header's, and of a layout kept in
+/// parts the first part's only, whatever the header says of the others.
+async fn first_leases(local: &mut Client, origin: &str, header: &Checkpoint) -> anyhow::Result<Vec<i64>> {
     let first_part = match header.parts {
         None => None,
         Some(parts) => {
@@ -108,8 +163,7 @@ async fn first_leases(local: &mut Client, origin: &str) -> anyhow::Result<(Optio
             local.get(key, None).await?.kvs().first().map(|kv| kv.value().to_vec())
         }
     };
-    let leases = crate::mirror::records::checkpoint::first_leases(&header, first_part.as_deref());
-    Ok((Some(header.revision), leases))
+    Ok(crate::mirror::records::checkpoint::first_leases(header, first_part.as_deref()))
 }
 
 /// Whether a canary's value says the origin's snapshot is complete (`{"synced": true, ...}`);
@@ -121,6 +175,17 @@ pub fn canary_says_synced(value: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_recorded_count_is_read_only_of_a_complete_copy_whose_writer_counts() {
+        let progress = |keys| Progress { owner: "a/1".into(), revision: 9, sent_through: 9, keys };
+        assert_eq!(recorded_keys(true, Some(&progress(Some(300)))), Some(300));
+        assert_eq!(recorded_keys(true, Some(&progress(Some(0)))), Some(0));
+        assert_eq!(recorded_keys(false, Some(&progress(Some(300)))), None, "syncing, lapsed or resyncing: counted");
+        assert_eq!(recorded_keys(true, Some(&progress(None))), None, "an earlier version's record: counted");
+        assert_eq!(recorded_keys(true, Some(&progress(Some(-1)))), None, "a record that makes no sense: counted");
+        assert_eq!(recorded_keys(true, None), None);
+    }
 
     #[test]
     fn only_a_canary_that_says_synced_counts() {

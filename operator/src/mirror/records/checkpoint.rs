@@ -2,8 +2,9 @@
 //! - the checkpoint: the lease of every shard with its key count, whether the peer holds a
 //!   complete snapshot, and the origin cluster it came from; written when the layout changes and
 //!   when a sync starts and ends;
-//! - the progress: the origin revision the peer holds completely, written in the same Txn as
-//!   every watch batch (a few dozen bytes, whatever the number of leases);
+//! - the progress: the origin revision the peer holds completely and the origin's keys it then
+//!   holds, written in the same Txn as every watch batch (a few dozen bytes, whatever the number
+//!   of leases);
 //! - the owner: who writes this origin's mirror; its mod revision is the fencing epoch.
 //!
 //! A new leader adopts the leases and resumes from them instead of re-putting every key.
@@ -387,6 +388,11 @@ pub struct Progress {
     /// (0) in earlier versions' records.
     #[serde(default, rename = "sent", deserialize_with = "padded_revision")]
     pub sent_through: i64,
+    /// The origin's keys the peer holds once it holds `revision` completely, as the writer counts
+    /// them (None in earlier versions' records): what the peer's inbound view shows, so that it
+    /// need not count the peer's index.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keys: Option<i64>,
 }
 
 /// A progress record's `sent_through` when what the peer may hold past it is unknown.
@@ -408,6 +414,8 @@ struct OrderedProgress<'a> {
     format: u32,
     owner: &'a str,
     revision: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    keys: Option<i64>,
 }
 
 impl Progress {
@@ -418,6 +426,7 @@ impl Progress {
             format: RECORD_FORMAT,
             owner: &self.owner,
             revision: self.revision,
+            keys: self.keys,
         };
         serde_json::to_vec(&ordered).expect("progress always serializes")
     }
@@ -572,9 +581,17 @@ mod tests {
         assert_eq!(Checkpoint::decode(&split.encode()), Some(split.clone()));
         assert_eq!(c.total_keys(), 7);
         assert_eq!(Checkpoint::decode(b"not json"), None);
-        let p = Progress { owner: "a/1".into(), revision: 1 << 40, sent_through: (1 << 40) + 5 };
+        let p = Progress { owner: "a/1".into(), revision: 1 << 40, sent_through: (1 << 40) + 5, keys: Some(1 << 20) };
         assert_eq!(Progress::decode(&p.encode()), Some(p.clone()));
         assert!(p.encode().len() < 128, "progress stays small");
+        // Earlier versions read the record as they did: what they do not know is ignored.
+        #[derive(serde::Deserialize)]
+        struct EarlierProgress {
+            owner: String,
+            revision: i64,
+        }
+        let earlier: EarlierProgress = serde_json::from_slice(&p.encode()).unwrap();
+        assert_eq!((earlier.owner.as_str(), earlier.revision), ("a/1", 1 << 40));
         assert_eq!(
             Progress::decode(br#"{"owner":"x","revision":3}"#).map(|p| p.revision),
             Some(3),
@@ -584,10 +601,13 @@ mod tests {
 
     #[test]
     fn progress_records_compare_as_their_revisions_do() {
-        let at =
-            |owner: &str, revision: i64| Progress { owner: owner.into(), revision, sent_through: revision }.encode();
+        let at = |owner: &str, revision: i64| {
+            Progress { owner: owner.into(), revision, sent_through: revision, keys: None }.encode()
+        };
         assert!(at("a/1", 99) < at("a/1", 100), "more digits");
-        let sent = |revision: i64, sent_through: i64| Progress { owner: "a/1".into(), revision, sent_through }.encode();
+        let sent = |revision: i64, sent_through: i64| {
+            Progress { owner: "a/1".into(), revision, sent_through, keys: None }.encode()
+        };
         assert!(sent(7, 9) < sent(7, 12), "at one revision, what was sent past it");
         assert!(sent(7, SENT_UNKNOWN) < sent(8, 8), "the revision first");
         assert!(at("b/2", 7) < at("a/1", 8), "whoever wrote them");
@@ -634,11 +654,11 @@ mod tests {
         // and by revision otherwise: the nested Txn's byte comparison keeps working across a roll.
         assert!(
             released_format::PROGRESS
-                < Progress { owner: "x".into(), revision: 4712, sent_through: 0 }.encode().as_slice()
+                < Progress { owner: "x".into(), revision: 4712, sent_through: 0, keys: None }.encode().as_slice()
         );
         assert!(
             released_format::PROGRESS
-                < Progress { owner: "x".into(), revision: 4711, sent_through: 0 }.encode().as_slice()
+                < Progress { owner: "x".into(), revision: 4711, sent_through: 0, keys: None }.encode().as_slice()
         );
         assert_eq!(p.peer_may_hold_through(4711), Some(SENT_UNKNOWN), "a released record does not say what was sent");
         let o = Owner::decode(released_format::OWNER).expect("the released owner decodes");
@@ -660,7 +680,7 @@ mod tests {
         let mut newer = written.clone();
         newer["format"] = serde_json::json!(RECORD_FORMAT + 1);
         assert_eq!(Checkpoint::decode(newer.to_string().as_bytes()), None);
-        let p = Progress { owner: "w".into(), revision: 8, sent_through: 8 };
+        let p = Progress { owner: "w".into(), revision: 8, sent_through: 8, keys: None };
         let mut newer_progress: serde_json::Value = serde_json::from_slice(&p.encode()).unwrap();
         newer_progress["format"] = serde_json::json!(RECORD_FORMAT + 1);
         assert_eq!(Progress::decode(newer_progress.to_string().as_bytes()), None);
@@ -861,7 +881,7 @@ mod sent_tests {
 
     #[test]
     fn a_record_says_what_the_peer_may_hold_past_it() {
-        let at = |revision: i64, sent_through: i64| Progress { owner: "w".into(), revision, sent_through };
+        let at = |revision: i64, sent_through: i64| Progress { owner: "w".into(), revision, sent_through, keys: None };
         assert_eq!(at(10, 10).peer_may_hold_through(10), None, "one Txn in flight at a time: exact");
         assert_eq!(at(10, 14).peer_may_hold_through(10), Some(14), "Txns in flight together");
         assert_eq!(at(12, 12).peer_may_hold_through(10), Some(12), "raised after it was read");

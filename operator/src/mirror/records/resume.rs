@@ -631,7 +631,7 @@ mod tests {
     #[test]
     fn resumes_from_the_newest_record_the_peer_holds() {
         let c = cp(40, vec![11, 12], true, 7);
-        let p = Progress { owner: "w".into(), revision: 60, sent_through: 60 };
+        let p = Progress { owner: "w".into(), revision: 60, sent_through: 60, keys: None };
         let r = decide_resume(Some(&c), Some(&p), &[true, true], &[], ORIGIN, None, false);
         assert_eq!((r.applied, r.resync, r.leases), (60, None, vec![11, 12]));
     }

@@ -19,10 +19,11 @@ pub(in crate::mirror) enum Applied {
 impl Worker {
     /// The progress record raised to `revision`, never lowered: a nested Txn that writes it only
     /// over a lower record (or none). Watch batches in flight together may land in any order;
-    /// each carries a revision the peer held completely when it was sent.
-    pub(in crate::mirror) fn raise_progress_op(&self, revision: i64, sent_through: i64) -> TxnOp {
+    /// each carries a revision the peer held completely when it was sent, and the keys the peer
+    /// holds at that revision.
+    pub(in crate::mirror) fn raise_progress_op(&self, revision: i64, sent_through: i64, keys: i64) -> TxnOp {
         let key = keys::progress_key(&self.config.origin);
-        let value = self.progress_value(revision, sent_through);
+        let value = self.progress_value(revision, sent_through, keys);
         let put = || TxnOp::put(key.as_str(), value.clone(), None);
         let absent = Txn::new().when([Compare::version(key.as_str(), CompareOp::Equal, 0)]).and_then([put()]);
         TxnOp::txn(

@@ -227,6 +227,17 @@ impl Pipeline {
         meta.bytes += bytes;
     }
 
+    /// Keys the revisions not landed up to `revision` create less those they delete: added to
+    /// the count landed, the keys the peer holds once it holds `revision` completely.
+    pub fn pending_keys_through(&self, revision: i64) -> i64 {
+        self.pending
+            .iter()
+            .zip(&self.meta)
+            .take_while(|(pending, _)| pending.revision <= revision)
+            .flat_map(|(_, meta)| meta.deltas.iter().map(|(_, delta, _)| *delta))
+            .sum()
+    }
+
     /// Revisions received and not sent yet.
     pub fn undispatched(&self) -> usize {
         self.pending.len().saturating_sub(self.dispatched)

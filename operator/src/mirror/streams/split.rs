@@ -11,7 +11,10 @@
 //! 4. move them a batch at a time: read them from the peer, re-put each under its shard's lease in
 //!    a Txn that compares the owner's epoch and each key's mod revision, so a batch that lost a
 //!    race with the watch changes nothing and is read again;
-//! 5. count the keys on every lease that took part (by lease membership) and record the counts.
+//! 5. once no watch batch is in flight, and with new ones held until it is done, count the keys on
+//!    every lease that took part (by lease membership) and record the counts: a batch landing
+//!    beside the count would be counted twice, or not at all, in the worker's key count (which its
+//!    status, its metrics and the peer's inbound view show).
 //!
 //! A worker that dies anywhere in a split leaves every key on a live, recorded lease, and the
 //! checkpoint still counts the keys the old lease carries: the shard stays over the cap, so the
@@ -84,6 +87,11 @@ impl Split {
     /// Whether a step's IO is running.
     pub fn running(&self) -> bool {
         self.step.is_some()
+    }
+
+    /// Whether it counts the keys on its leases: the watch sends no batch meanwhile.
+    pub fn counting(&self) -> bool {
+        matches!(self.stage, Stage::Counting)
     }
 
     /// The running step's outcome.
@@ -241,14 +249,17 @@ impl Worker {
         Ok((Advance::Going, false))
     }
 
-    /// Starts the split's next step when none is running and its turn has come.
+    /// Starts the split's next step when none is running and its turn has come:
+    /// `sent_before_it_in_flight`, a batch sent before the new layout took effect has not landed;
+    /// `watch_in_flight`, any batch has not.
     pub(in crate::mirror) fn drive_split(
         &self,
         task: &mut Split,
         peer: &Client,
         state: &State,
         epoch: i64,
-        batch_in_flight: bool,
+        sent_before_it_in_flight: bool,
+        watch_in_flight: bool,
     ) {
         if task.running() {
             return;
@@ -258,7 +269,7 @@ impl Worker {
         match &mut task.stage {
             // A batch sent before the layout changed may still put a key of the new shard on the
             // old lease: list the old lease once it has landed.
-            Stage::ToList if !batch_in_flight => {
+            Stage::ToList if !sent_before_it_in_flight => {
                 let (target, lease) = (self.peer.clone(), state.leases[task.from]);
                 task.step = Some(Box::pin(async move {
                     let listed = list_lease(&target, lease, timeout).await?;
@@ -266,7 +277,7 @@ impl Worker {
                 }));
                 task.stage = Stage::Listing;
             }
-            Stage::Moving(moving) if moving.is_empty() => {
+            Stage::Moving(moving) if moving.is_empty() && !watch_in_flight => {
                 let target = self.peer.clone();
                 let shards: Vec<(usize, i64)> = std::iter::once(task.from)
                     .chain(task.touched.iter().copied())
@@ -283,7 +294,7 @@ impl Worker {
                 }));
                 task.stage = Stage::Counting;
             }
-            Stage::Moving(moving) => {
+            Stage::Moving(moving) if !moving.is_empty() => {
                 let limits = self.limits(state);
                 let take = moving.len().min(limits.max_ops.max(1));
                 let batch: Vec<Vec<u8>> = moving.drain(..take).collect();

@@ -359,7 +359,7 @@ impl Worker {
         let page_ends_budget = crate::mirror::verify::page_ends_budget(self.config.max_txn_bytes);
         let page_ends = crate::mirror::verify::recorded_page_ends(&copy.origin_page_ends, page_ends_budget);
         let bookkeeping = vec![
-            self.progress_op(revision, revision),
+            self.progress_op(revision, revision, state.keys.iter().sum()),
             self.canary_op(state, canary),
             TxnOp::put(
                 keys::page_ends_key(&self.config.origin),

@@ -626,17 +626,19 @@ impl Worker {
         }
         if let Some(task) = w.splitting.as_mut() {
             let sent_before_it_landed = w.pipeline.landed() < w.split_barrier;
-            self.drive_split(task, peer, state, w.epoch, sent_before_it_landed);
+            self.drive_split(task, peer, state, w.epoch, sent_before_it_landed, w.pipeline.in_flight());
         }
     }
 
     /// Sends what the pipeline says may go. Renewals first: while they fail, one Txn at a time
-    /// (the progress tick looks again). Nothing new while a verification is due.
+    /// (the progress tick looks again). Nothing new while a verification is due, or while a
+    /// split counts its leases' keys.
     fn send_batches(&self, w: &mut Watching, peer: &Client, spread: &mut Spread, state: &State, verify_now: bool) {
+        let counting = w.splitting.as_ref().is_some_and(Split::counting);
         let gate = Gate {
             depth: w.depth,
             limits: self.limits(state),
-            held: verify_now,
+            held: verify_now || counting,
             last_partial: w.fragment_open,
             renewals_failing: self.renewals_failing(),
             linger: self.config.watch_linger,
@@ -670,7 +672,10 @@ impl Worker {
             revisions = ?dispatch.revisions,
             "watch batch sent"
         );
-        let bookkeeping = vec![self.raise_progress_op(dispatch.progress, dispatch.sent_through)];
+        // The keys the peer holds at the recorded revision: those landed, and what the revisions
+        // not landed up to it add.
+        let keys = state.keys.iter().sum::<i64>() + w.pipeline.pending_keys_through(dispatch.progress);
+        let bookkeeping = vec![self.raise_progress_op(dispatch.progress, dispatch.sent_through, keys)];
         let apply = self.apply(peer, w.epoch, dispatch.ops, &state.leases, bookkeeping);
         let id = dispatch.id;
         w.txns.spawn(async move { (id, apply.await) });

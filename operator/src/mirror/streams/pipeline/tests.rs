@@ -256,6 +256,8 @@ struct Sim {
     wire: Vec<Wire>,
     /// The session ended (a fenced or failed Txn was taken): nothing more is fed or sent.
     ended: bool,
+    /// The key-count changes of the Txns taken as landed, added up (the worker's count).
+    landed_keys: i64,
     failures: bool,
     gate: Gate,
 }
@@ -271,6 +273,11 @@ impl Sim {
     /// The revision of the write `key` holds at the origin's `revision` (0: never written).
     fn origin_at(&self, key: &[u8], revision: i64) -> i64 {
         self.write_in(key, 1, revision).map_or(0, |(r, _)| r)
+    }
+
+    /// The keys the origin holds at `revision`.
+    fn origin_keys_at(&self, revision: i64) -> i64 {
+        self.keys().iter().filter(|k| self.write_in(k, 1, revision).is_some_and(|(_, v)| v.is_some())).count() as i64
     }
 
     fn keys(&self) -> Vec<Vec<u8>> {
@@ -292,9 +299,12 @@ impl Sim {
         self.fed += 1;
         let revision = self.fed as i64;
         for (k, v) in self.history[self.fed - 1].clone() {
+            let existed = self.write_in(&key_of(k), 1, revision - 1).is_some_and(|(_, v)| v.is_some());
             let (op, delta) = match v {
-                Some(v) => (MirrorOp::Put { key: key_of(k), value: value_of(revision, v), shard: 0 }, 0),
-                None => (MirrorOp::Delete { key: key_of(k) }, 0),
+                Some(v) => {
+                    (MirrorOp::Put { key: key_of(k), value: value_of(revision, v), shard: 0 }, i64::from(!existed))
+                }
+                None => (MirrorOp::Delete { key: key_of(k) }, -i64::from(existed)),
             };
             self.pipeline.receive(revision, op, 0, delta, SystemTime::now());
         }
@@ -302,16 +312,31 @@ impl Sim {
         self.pipeline.progress_notified(revision);
     }
 
-    fn send(&mut self) {
+    fn send(&mut self) -> Result<(), TestCaseError> {
         if self.ended {
-            return;
+            return Ok(());
         }
         while let Next::Send(dispatch) = self.pipeline.next(self.gate) {
-            self.wire.push(Wire { dispatch, applied: false, answered: false });
+            self.sent(dispatch)?;
         }
         if let Some(dispatch) = self.pipeline.flush(false) {
-            self.wire.push(Wire { dispatch, applied: false, answered: false });
+            self.sent(dispatch)?;
         }
+        Ok(())
+    }
+
+    /// A Txn goes: the keys its progress record says the peer holds at its revision are the
+    /// origin's at that revision.
+    fn sent(&mut self, dispatch: Dispatch) -> Result<(), TestCaseError> {
+        let recorded = self.landed_keys + self.pipeline.pending_keys_through(dispatch.progress);
+        prop_assert_eq!(
+            recorded,
+            self.origin_keys_at(dispatch.progress),
+            "the keys recorded with revision {}",
+            dispatch.progress
+        );
+        self.wire.push(Wire { dispatch, applied: false, answered: false });
+        Ok(())
     }
 
     /// The peer applies Txn `index` of the wire (fenced: nothing), checking each key moves
@@ -378,7 +403,7 @@ impl Sim {
         self.pipeline.answered(id, outcome);
         while let Some(taken) = self.pipeline.take_landed() {
             match taken {
-                Taken::Landed(_) => {}
+                Taken::Landed(landed) => self.landed_keys += landed.deltas.iter().map(|(_, d)| d).sum::<i64>(),
                 Taken::Fenced(_) | Taken::Failed(_) => {
                     self.ended = true;
                     break;
@@ -399,7 +424,7 @@ impl Sim {
     fn step(&mut self, action: u8, pick: usize) -> Result<(), TestCaseError> {
         match action % 10 {
             0 | 1 => self.feed(),
-            2 | 3 => self.send(),
+            2 | 3 => self.send()?,
             4 | 5 => {
                 if let Some(i) = self.pick(pick, |w| !w.applied) {
                     self.apply(i)?;
@@ -425,7 +450,7 @@ impl Sim {
     fn settle(&mut self) -> Result<(), TestCaseError> {
         for _ in 0..10_000 {
             self.feed();
-            self.send();
+            self.send()?;
             let open: Vec<usize> = (0..self.wire.len()).filter(|i| !self.wire[*i].answered).collect();
             if open.is_empty() && (self.ended || self.fed == self.history.len() && self.pipeline.quiet()) {
                 break;
@@ -470,6 +495,7 @@ proptest! {
             peer: Peer::default(),
             wire: Vec::new(),
             ended: false,
+            landed_keys: 0,
             failures: false,
             gate: gate(depth, max_ops),
         };
