@@ -8,6 +8,7 @@ mod drain;
 mod fanout;
 mod fixtures;
 mod follow;
+mod idle;
 mod keepalive;
 mod leases;
 mod limit;
@@ -42,7 +43,7 @@ async fn main() -> anyhow::Result<()> {
     if args.get(1).map(String::as_str) == Some("worker") {
         return worker_process(&args[2..]).await;
     }
-    // `aether-bench [scenario...]`: sync, catchup, steady, leases, keepalive, drain, operator, fanout, verify, mesh, memory, scale,
+    // `aether-bench [scenario...]`: sync, catchup, steady, leases, keepalive, drain, operator, fanout, verify, mesh, idle, memory, scale,
     // wan (sync, catch-up and steady with the peer behind a 50 and a 150 ms proxy); all by default.
     // `wan-sync`, `wan-catchup` and `wan-steady` (never by default) run only those rows of `wan`; `auth-1m` (never by
     // default) syncs 1M keys under least-privilege auth; `wan-1m` (never by default) syncs 1M keys
@@ -91,6 +92,9 @@ async fn main() -> anyhow::Result<()> {
     }
     if want("mesh") {
         mesh::bench_mesh(&mut table).await?;
+    }
+    if want("idle") {
+        idle::bench_idle(&mut table).await?;
     }
     if want("memory") {
         memory::bench_memory(&mut table).await?;

@@ -191,6 +191,11 @@ impl WorkerProcess {
         }
     }
 
+    /// As `start_as` with a region, with verification off (the CRD's `verifyKeysPerSecond: 0`).
+    pub fn start_unverified(region: &str, origin: &str, peers: &[(String, String)]) -> anyhow::Result<Self> {
+        Self::spawn_with(&["--region", region], origin, peers, &[("AETHER_BENCH_VERIFY_KEYS_PER_SECOND", "0".into())])
+    }
+
     /// A successor as `start_successor`, with a memory budget of `mib` for all its workers.
     pub fn start_successor_within(origin: &str, peers: &[(String, String)], mib: usize) -> anyhow::Result<Self> {
         Self::spawn_with(&["--successor"], origin, peers, &[("AETHER_BENCH_MEMORY_MIB", mib.to_string())])
@@ -287,7 +292,12 @@ pub async fn worker_process(args: &[String]) -> anyhow::Result<()> {
         args.first().ok_or_else(|| anyhow::anyhow!("usage: worker [--region <r>] <origin> <peer>=<endpoint>..."))?;
     let mut handles = Vec::new();
     // One verification budget for all the workers of the origin, as the operator has.
-    let budget = std::sync::Arc::new(mirror::VerifyBudget::new(mirror::DEFAULT_VERIFY_KEYS_PER_SECOND));
+    // AETHER_BENCH_VERIFY_KEYS_PER_SECOND sets another (0: off).
+    let verify = std::env::var("AETHER_BENCH_VERIFY_KEYS_PER_SECOND")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(mirror::DEFAULT_VERIFY_KEYS_PER_SECOND);
+    let budget = std::sync::Arc::new(mirror::VerifyBudget::new(verify));
     // And how many peers it mirrors into, for each worker's share of a peer etcd's connections.
     let peers = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(args.len().saturating_sub(1)));
     // And the full syncs they take turns at.
@@ -321,6 +331,12 @@ pub async fn worker_process(args: &[String]) -> anyhow::Result<()> {
             ),
         ));
     }
+    // As an operator of the region does, the inbound view of its etcd every status refresh.
+    if let Some(region) = &region {
+        let expected: Vec<String> =
+            args[1..].iter().filter_map(|spec| spec.split_once('=').map(|(peer, _)| peer.to_string())).collect();
+        tokio::spawn(inbound_view(origin.clone(), region.clone(), expected));
+    }
     // Each peer's line as soon as it is synced, whatever the order.
     let mut synced: futures::stream::FuturesUnordered<_> = handles
         .iter()
@@ -340,6 +356,17 @@ pub async fn worker_process(args: &[String]) -> anyhow::Result<()> {
     drop(synced);
     std::future::pending::<()>().await;
     Ok(())
+}
+
+/// Reads the inbound view of the region's etcd every 5 s (the status refresh's default), as the
+/// operator's controller does.
+async fn inbound_view(endpoint: String, region: String, expected: Vec<String>) {
+    let Ok(mut local) = etcd_client::Client::connect([endpoint], None).await else { return };
+    let mut refresh = tokio::time::interval(Duration::from_secs(5));
+    loop {
+        refresh.tick().await;
+        let _ = aether_operator::mirror::inbound::observe(&mut local, &region, &expected).await;
+    }
 }
 
 #[cfg(test)]
