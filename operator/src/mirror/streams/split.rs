@@ -11,10 +11,11 @@
 //! 4. move them a batch at a time: read them from the peer, re-put each under its shard's lease in
 //!    a Txn that compares the owner's epoch and each key's mod revision, so a batch that lost a
 //!    race with the watch changes nothing and is read again;
-//! 5. once no watch batch is in flight, and with new ones held until it is done, count the keys on
-//!    every lease that took part (by lease membership) and record the counts: a batch landing
-//!    beside the count would be counted twice, or not at all, in the worker's key count (which its
-//!    status, its metrics and the peer's inbound view show).
+//! 5. count the keys on every lease that took part (by lease membership) and record the counts,
+//!    as the shares of those shards in what the watch counts for them: the count runs beside the
+//!    watch, and a batch landing beside it would otherwise be counted twice, or not at all, in the
+//!    worker's key count (which its status, its metrics and the peer's inbound view show). A split
+//!    moves keys; it never adds or removes one.
 //!
 //! A worker that dies anywhere in a split leaves every key on a live, recorded lease, and the
 //! checkpoint still counts the keys the old lease carries: the shard stays over the cap, so the
@@ -89,11 +90,6 @@ impl Split {
         self.step.is_some()
     }
 
-    /// Whether it counts the keys on its leases: the watch sends no batch meanwhile.
-    pub fn counting(&self) -> bool {
-        matches!(self.stage, Stage::Counting)
-    }
-
     /// The running step's outcome.
     pub async fn step(&mut self) -> anyhow::Result<StepDone> {
         match self.step.as_mut() {
@@ -127,6 +123,15 @@ async fn list_lease(target: &crate::mirror::EtcdTarget, lease: i64, timeout: Dur
         Err(_) => anyhow::bail!("listing the keys of lease {lease}: timed out after {timeout:?}"),
         Ok(listed) => Ok(listed?.unwrap_or_default()),
     }
+}
+
+/// The counted shards' new counts (pure): the count's shares of what the watch counts on those
+/// shards, whose sum a split cannot change.
+fn counts_as_shares(watched: &[i64], counted: &[(usize, i64)]) -> Vec<(usize, i64)> {
+    let total: i64 = counted.iter().map(|(shard, _)| watched.get(*shard).copied().unwrap_or(0)).sum();
+    let mut shares: Vec<i64> = counted.iter().map(|(_, count)| *count).collect();
+    crate::mirror::context::rescale_counts(&mut shares, total);
+    counted.iter().map(|(shard, _)| *shard).zip(shares).collect()
 }
 
 async fn bounded<T>(
@@ -230,7 +235,7 @@ impl Worker {
             (Stage::Counting, StepDone::Counted(counts)) => {
                 let mut recorded = state.recorded_keys.clone();
                 recorded.resize(state.leases.len(), 0);
-                for (shard, count) in counts {
+                for (shard, count) in counts_as_shares(&state.keys, &counts) {
                     state.keys[shard] = count;
                     recorded[shard] = count;
                 }
@@ -249,9 +254,8 @@ impl Worker {
         Ok((Advance::Going, false))
     }
 
-    /// Starts the split's next step when none is running and its turn has come:
-    /// `sent_before_it_in_flight`, a batch sent before the new layout took effect has not landed;
-    /// `watch_in_flight`, any batch has not.
+    /// Starts the split's next step when none is running and its turn has come
+    /// (`sent_before_it_in_flight`: a batch sent before the new layout took effect has not landed).
     pub(in crate::mirror) fn drive_split(
         &self,
         task: &mut Split,
@@ -259,7 +263,6 @@ impl Worker {
         state: &State,
         epoch: i64,
         sent_before_it_in_flight: bool,
-        watch_in_flight: bool,
     ) {
         if task.running() {
             return;
@@ -277,7 +280,7 @@ impl Worker {
                 }));
                 task.stage = Stage::Listing;
             }
-            Stage::Moving(moving) if moving.is_empty() && !watch_in_flight => {
+            Stage::Moving(moving) if moving.is_empty() => {
                 let target = self.peer.clone();
                 let shards: Vec<(usize, i64)> = std::iter::once(task.from)
                     .chain(task.touched.iter().copied())
@@ -358,5 +361,23 @@ impl Worker {
                 (_, by) => Ok(StepDone::Fenced(by)),
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_splits_count_moves_keys_between_its_shards_and_never_changes_their_total() {
+        // The watch counts 100 keys on shards 0 and 3 (all still on 0's lease when the split began).
+        let watched = [100, 5, 70, 0];
+        // A batch that created a key of shard 3 landed just before the count read the leases, and
+        // its delta is taken just after: the count says 101.
+        let shares = counts_as_shares(&watched, &[(0, 60), (3, 41)]);
+        assert_eq!(shares.iter().map(|(_, c)| c).sum::<i64>(), 100, "{shares:?}");
+        assert_eq!(shares, vec![(0, 60), (3, 40)]);
+        // Counted exactly: the count as it is.
+        assert_eq!(counts_as_shares(&watched, &[(0, 58), (3, 42)]), vec![(0, 58), (3, 42)]);
     }
 }

@@ -355,7 +355,9 @@ impl Worker {
 
     fn on_landed(&self, landed: Landed, w: &Watching, state: &mut State) {
         for (shard, delta) in landed.deltas {
-            state.keys[shard] = (state.keys[shard] + delta).max(0);
+            // Not floored at 0: while a split has not moved its keys' counts yet, a key of the new
+            // shard deleted is counted off a shard that does not count it yet (the total stays exact).
+            state.keys[shard] += delta;
             if delta != 0 && state.count_drifted(shard) {
                 state.drifted.insert(shard);
             }
@@ -626,19 +628,17 @@ impl Worker {
         }
         if let Some(task) = w.splitting.as_mut() {
             let sent_before_it_landed = w.pipeline.landed() < w.split_barrier;
-            self.drive_split(task, peer, state, w.epoch, sent_before_it_landed, w.pipeline.in_flight());
+            self.drive_split(task, peer, state, w.epoch, sent_before_it_landed);
         }
     }
 
     /// Sends what the pipeline says may go. Renewals first: while they fail, one Txn at a time
-    /// (the progress tick looks again). Nothing new while a verification is due, or while a
-    /// split counts its leases' keys.
+    /// (the progress tick looks again). Nothing new while a verification is due.
     fn send_batches(&self, w: &mut Watching, peer: &Client, spread: &mut Spread, state: &State, verify_now: bool) {
-        let counting = w.splitting.as_ref().is_some_and(Split::counting);
         let gate = Gate {
             depth: w.depth,
             limits: self.limits(state),
-            held: verify_now || counting,
+            held: verify_now,
             last_partial: w.fragment_open,
             renewals_failing: self.renewals_failing(),
             linger: self.config.watch_linger,
