@@ -44,17 +44,25 @@ fn a_checkpoint() -> Vec<u8> {
     .encode()
 }
 
+fn a_progress() -> Vec<u8> {
+    Progress { owner: "op/1".into(), revision: 9, sent_through: 12, keys: Some(300) }.encode()
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
 
     #[test]
-    fn records_never_panic_and_owner_strings_stay_bounded(bytes in prop_oneof![hostile_bytes(), mutated(a_checkpoint())]) {
+    fn records_never_panic_and_owner_strings_stay_bounded(
+        bytes in prop_oneof![hostile_bytes(), mutated(a_checkpoint()), mutated(a_progress())],
+    ) {
         if let Some(cp) = Checkpoint::decode(&bytes) {
             prop_assert!(cp.leases.len() <= bytes.len(), "more leases than bytes");
             let _ = first_leases(&cp, Some(&bytes));
             let _ = cp.assemble(&[&bytes, &bytes]);
         }
-        let _ = Progress::decode(&bytes);
+        if let Some(progress) = Progress::decode(&bytes) {
+            prop_assert!(progress.keys.is_none_or(|keys| keys >= 0), "a negative count read: {progress:?}");
+        }
         if let Some(owner) = Owner::decode(&bytes) {
             prop_assert!(owner.owner.chars().count() <= 253 && owner.peer.chars().count() <= 253);
         }

@@ -7,12 +7,15 @@ mod support;
 use aether_harness::{EtcdServer, KubeApiserver, free_port, wait_until};
 use aether_operator::api::RegionPeering;
 use aether_operator::keys;
-use aether_operator::mirror::records::checkpoint::{Checkpoint, PartsRef};
+use aether_operator::mirror::records::checkpoint::{Checkpoint, PartsRef, Progress};
 use etcd_client::{Client, GetOptions, Txn, TxnOp};
 use kube::api::Api;
 use std::time::{Duration, Instant};
 use support::operator::*;
 use support::*;
+
+/// Origins (named to sort among the first the view lists) and the counts their records claim.
+const LYING_COUNTS: [(&str, &str); 3] = [("a-minus", "-5"), ("a-text", "\"lots\""), ("a-huge", "1e30")];
 
 /// What region b's user (or a broken peer) writes into a's etcd: a checkpoint naming 40 parts of
 /// 1.4 MiB, a garbage canary, 300 origin names of which most are not region names (quotes,
@@ -57,6 +60,19 @@ async fn write_garbage(a: &mut Client) {
     }
     for chunk in ops.chunks(100) {
         a.txn(Txn::new().and_then(chunk.to_vec())).await.unwrap();
+    }
+    // Three origins whose copies here look complete but whose progress records claim counts that
+    // are none (negative, text, out of range): the view counts their keys instead.
+    for (origin, claim) in LYING_COUNTS {
+        let mut progress: serde_json::Value =
+            serde_json::from_slice(&Progress { owner: "evil/1".into(), revision: 9, ..Default::default() }.encode())
+                .unwrap();
+        progress["keys"] = serde_json::from_str(claim).unwrap();
+        a.put(keys::progress_key(origin), progress.to_string(), None).await.unwrap();
+        a.put(keys::canary_key(origin), r#"{"synced":true}"#, None).await.unwrap();
+        for i in 0..3 {
+            a.put(format!("{}svc/tcp/{i}", keys::region_prefix(origin)), "{}", None).await.unwrap();
+        }
     }
     let mut bad_key = keys::region_prefix("b").into_bytes();
     bad_key.extend_from_slice(&[0xff, 0xfe, 0xfd]);
@@ -119,7 +135,9 @@ async fn garbage_written_under_the_federation_root_leaves_memory_bounded_metrics
                 "a name that is not a region's: {:?}",
                 inbound.iter().map(|i| &i.region).collect::<Vec<_>>()
             );
-            Ok(inbound.len() > 1 && inbound.len() <= 64)
+            let counted =
+                LYING_COUNTS.iter().all(|(origin, _)| inbound.iter().any(|i| i.region == *origin && i.keys == 3));
+            Ok(inbound.len() > 1 && inbound.len() <= 64 && counted)
         }
     })
     .await

@@ -4,7 +4,8 @@
 //! any lapses, through one follower at a short TTL), an idle federation neither reports a
 //! healthy peer unreachable nor writes anything nor loses a connection, a partition is reported
 //! once, a successor waiting its turn at a resync keeps the copy it inherits alive, and a quiet
-//! connection is not closed by the etcd for its pings. These tests
+//! connection is not closed by the etcd for its pings, and the peer's inbound view shows the copy
+//! renewed, then gone a whole TTL after the origin's last renewal. These tests
 //! mostly wait, so they run side by side (one binary, one thread each), beside the e2e.
 mod support;
 
@@ -420,4 +421,66 @@ async fn at_the_defaults_a_ttl_change_moves_the_copy_onto_leases_of_the_new_ttl_
     .await
     .unwrap();
     assert!(died.elapsed() < Duration::from_secs(16), "lapsed {:?} after the region died (TTL 12 s)", died.elapsed());
+}
+
+/// At the defaults the peer's inbound view (the status's INBOUND, `aether_federation_inbound_*`)
+/// reads the TTL left on the origin's canary lease: while the origin renews every 10 s it shows the
+/// whole copy and a TTL never near its end, and once the origin stops renewing the copy stays whole
+/// until the TTL it had left has run out, then the view shows it gone, with no partial state in
+/// between.
+#[tokio::test]
+#[ignore = "soak: minutes at the CRD defaults; `make test` runs it beside the other suites (hack/test.sh)"]
+async fn at_the_defaults_the_inbound_view_shows_the_copy_renewed_then_lapsed_a_whole_ttl_after_the_last_renewal() {
+    use aether_operator::mirror::inbound;
+    let (origin, peer) = tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("b")).unwrap();
+    let mut o = connect(&[origin.endpoint()], None).await;
+    write_keys(&mut o, "a", 0..200, "v1").await;
+    let p = connect(&[peer.endpoint()], None).await;
+    let cfg = defaults("w1");
+    let (ttl, interval) = (cfg.lease_ttl_seconds, cfg.keepalive_interval);
+    let (handle, _e) = start(cfg, EtcdTarget::plain([origin.endpoint()]), EtcdTarget::plain([peer.endpoint()]));
+    wait_synced(&handle).await;
+    converged(&o, &p, "a", DEADLINE).await;
+    let view = |mut p: etcd_client::Client| async move {
+        let seen = inbound::observe(&mut p, "b", &["a".to_string()]).await.expect("the inbound view");
+        seen.into_iter().find(|i| i.origin == "a").expect("origin a listed")
+    };
+
+    // Longer than a TTL while the origin renews: the whole copy, and the TTL renewed each interval.
+    let watched = Instant::now();
+    let mut lowest = i64::MAX;
+    while watched.elapsed() < Duration::from_secs(ttl as u64 + 15) {
+        let a = view(p.clone()).await;
+        assert!(a.synced && a.keys == 200, "a live origin's copy as the view shows it: {a:?}");
+        lowest = lowest.min(a.lease_ttl_remaining.expect("the canary's lease"));
+        tokio::time::sleep(Duration::from_millis(500)).await; // sampling the view, not waiting on it
+    }
+    let margin = ttl - interval.as_secs() as i64 - 5;
+    assert!(lowest >= margin, "the view's TTL came within {lowest} s of lapsing (renewed every {interval:?})");
+
+    // The origin stops renewing: the copy stays whole while its lease has time left, then goes.
+    handle.abort();
+    let stopped = Instant::now();
+    let left = view(p.clone()).await.lease_ttl_remaining.expect("the canary's lease") as u64;
+    let lapsed = loop {
+        let a = view(p.clone()).await;
+        if !a.synced && a.keys == 0 {
+            break stopped.elapsed();
+        }
+        assert!(
+            a.synced && a.keys == 200,
+            "a state the origin never had, {:?} after it stopped: {a:?}",
+            stopped.elapsed()
+        );
+        assert!(
+            stopped.elapsed() < Duration::from_secs(ttl as u64 + 10),
+            "not lapsed a whole TTL after the last renewal: {a:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await; // sampling the view, not waiting on it
+    };
+    eprintln!("lowest TTL seen while renewed {lowest} s; {left} s left when stopped, lapsed after {lapsed:?}");
+    assert!(
+        lapsed + Duration::from_secs(1) >= Duration::from_secs(left),
+        "lapsed {lapsed:?} after the origin stopped, with {left} s of its TTL left"
+    );
 }

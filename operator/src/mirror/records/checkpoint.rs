@@ -390,9 +390,15 @@ pub struct Progress {
     pub sent_through: i64,
     /// The origin's keys the peer holds once it holds `revision` completely, as the writer counts
     /// them (None in earlier versions' records): what the peer's inbound view shows, so that it
-    /// need not count the peer's index.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// need not count the peer's index. Advisory: a value that is not a count (negative, a
+    /// fraction, text, out of range) reads as None, so that the view counts instead and the rest
+    /// of the record (what fences and resumes the copy) still reads.
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "a_count_or_none")]
     pub keys: Option<i64>,
+}
+
+fn a_count_or_none<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
+    Ok(serde_json::Value::deserialize(d)?.as_i64().filter(|keys| *keys >= 0))
 }
 
 /// A progress record's `sent_through` when what the peer may hold past it is unknown.
@@ -597,6 +603,32 @@ mod tests {
             Some(3),
             "earlier versions' records"
         );
+    }
+
+    #[test]
+    fn a_progress_record_whose_count_is_not_a_count_keeps_its_revision_and_loses_only_the_count() {
+        let written = |keys: serde_json::Value| {
+            let mut record: serde_json::Value = serde_json::from_slice(
+                &Progress { owner: "b/1".into(), revision: 70, sent_through: 75, keys: Some(3) }.encode(),
+            )
+            .unwrap();
+            record["keys"] = keys;
+            Progress::decode(record.to_string().as_bytes())
+        };
+        assert_eq!(written(serde_json::json!(12)).and_then(|p| p.keys), Some(12));
+        for not_a_count in [
+            serde_json::json!(-5),
+            serde_json::json!(1.5),
+            serde_json::json!(1e30),
+            serde_json::json!(18446744073709551615u64),
+            serde_json::json!("300"),
+            serde_json::json!([1, 2]),
+            serde_json::json!({"keys": 1}),
+            serde_json::Value::Null,
+        ] {
+            let read = written(not_a_count.clone()).unwrap_or_else(|| panic!("{not_a_count} lost the record"));
+            assert_eq!((read.revision, read.sent_through, read.keys), (70, 75, None), "{not_a_count}");
+        }
     }
 
     #[test]
