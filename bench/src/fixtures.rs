@@ -176,3 +176,11 @@ pub async fn raw_copy_client(origin: &Client, peer: &Client) -> anyhow::Result<(
 pub fn tempfile_dir() -> anyhow::Result<tempfile::TempDir> {
     Ok(tempfile::Builder::new().prefix("aether-bench-").tempdir()?)
 }
+
+/// The sizes a bench runs at: `var` as a comma-separated list of key counts, else `default`.
+pub fn sizes_from_env(var: &str, default: &[usize]) -> anyhow::Result<Vec<usize>> {
+    match std::env::var(var) {
+        Ok(v) => v.split(',').map(|k| k.trim().parse().map_err(|e| anyhow::anyhow!("{var}={v}: {k:?}: {e}"))).collect(),
+        Err(_) => Ok(default.to_vec()),
+    }
+}

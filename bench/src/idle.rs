@@ -41,14 +41,7 @@ struct Region {
 }
 
 pub async fn bench_idle(table: &mut Table) -> anyhow::Result<()> {
-    let sizes: Vec<usize> = match std::env::var("AETHER_BENCH_IDLE_KEYS") {
-        Ok(v) => v
-            .split(',')
-            .map(|k| k.trim().parse().map_err(|e| anyhow::anyhow!("AETHER_BENCH_IDLE_KEYS={v}: {k:?}: {e}")))
-            .collect::<anyhow::Result<_>>()?,
-        Err(_) => KEYS.to_vec(),
-    };
-    for k in sizes {
+    for k in crate::fixtures::sizes_from_env("AETHER_BENCH_IDLE_KEYS", &KEYS)? {
         idle(table, k).await?;
     }
     Ok(())

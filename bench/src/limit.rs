@@ -30,6 +30,8 @@ pub struct WriteLimit {
     pub sweep: Vec<String>,
     /// Where the CPU went at the best point (the peers' etcds, this writer).
     pub cpu: String,
+    /// The peers' etcds' CPU seconds together at the best point: the floor of a copy's peer side.
+    pub peer_cpu_seconds: f64,
 }
 
 /// The subtree of region a on `origin`, in memory.
@@ -61,7 +63,7 @@ pub async fn peer_write_limit(kvs: &[(Vec<u8>, Vec<u8>)], peers: usize) -> anyho
     let mut sweep = Vec::new();
     for (connections, depth) in SWEEP {
         let fresh: Vec<EtcdServer> = futures::future::try_join_all(
-            ["limit-b", "limit-c", "limit-d"]
+            ["limit-b", "limit-c", "limit-d", "limit-e"]
                 .into_iter()
                 .take(peers)
                 .map(|name| EtcdServer::start_with(name, EtcdFlavor::Default, &[])),
@@ -82,11 +84,11 @@ pub async fn peer_write_limit(kvs: &[(Vec<u8>, Vec<u8>)], peers: usize) -> anyho
         let start = Instant::now();
         futures::future::try_join_all(clients.iter().map(|each| write_all(kvs, each, depth))).await?;
         let took = start.elapsed();
-        let cpu = split.report();
+        let (cpu, peer_cpu_seconds) = (split.report(), split.used()[..peers].iter().sum());
         let keys_per_s = rate(kvs.len() * peers, took);
         sweep.push(format!("{connections} conn x {depth} deep: {keys_per_s:.0} keys/s"));
         if best.as_ref().is_none_or(|b| keys_per_s > b.keys_per_s) {
-            best = Some(WriteLimit { keys_per_s, connections, depth, sweep: Vec::new(), cpu });
+            best = Some(WriteLimit { keys_per_s, connections, depth, sweep: Vec::new(), cpu, peer_cpu_seconds });
         }
     }
     let mut best = best.expect("the sweep has points");

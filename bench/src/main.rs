@@ -16,6 +16,8 @@ mod memory;
 mod mesh;
 mod operator;
 mod process;
+mod profile;
+mod sides;
 mod sockets;
 mod sync;
 mod table;

@@ -110,11 +110,15 @@ impl CpuSplit {
         Self { pids, before, ticks: machine_ticks(), started: Instant::now() }
     }
 
+    /// CPU seconds each process used since the start, in the order given.
+    pub fn used(&self) -> Vec<f64> {
+        self.pids.iter().zip(&self.before).map(|((_, pid), before)| cpu_seconds(pid) - before).collect()
+    }
+
     /// "origin etcd 1.2 s, peer etcd 3.4 s, mirror 0.5 s = 5.1 CPU s of 6.0 the machine had (2 cores x
     /// 3.0 s), machine busy 85 %".
     pub fn report(&self) -> String {
-        let used: Vec<f64> =
-            self.pids.iter().zip(&self.before).map(|((_, pid), before)| cpu_seconds(pid) - before).collect();
+        let used = self.used();
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
         let wall = self.started.elapsed().as_secs_f64();
         let parts: Vec<String> =

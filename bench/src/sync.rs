@@ -3,10 +3,12 @@
 //! each against the peers' write limit at that size, with memory, time and the checkpoint's footprint).
 use crate::fixtures::{
     MAKE_MIRROR_BUDGET, SYNC_KEYS, at_rtt, behind, bench_config, count, fill, make_mirror, rate, raw_copy,
-    raw_copy_client, spawn_worker, tempfile_dir, wait_count, wait_synced,
+    raw_copy_client, sizes_from_env, spawn_worker, tempfile_dir, wait_count, wait_synced,
 };
 use crate::limit::{limit_row, peer_write_limit, read_subtree};
-use crate::process::{CpuSplit, WorkerProcess, busy_percent, cpu_seconds, machine_ticks, sync_processes};
+use crate::process::{CpuSplit, WorkerProcess, busy_percent, cpu_seconds, etcd_pid, machine_ticks, sync_processes};
+use crate::profile::Profiles;
+use crate::sides::SideCosts;
 use crate::table::Table;
 use aether_harness::{EtcdFlavor, EtcdServer, ManagedProcess};
 use aether_operator::keys;
@@ -207,40 +209,45 @@ pub async fn bench_wan_sync(table: &mut Table, rtt: Duration) -> anyhow::Result<
     Ok(())
 }
 
-/// The scale curve: one origin synced at 10k, 100k and 1M keys into one peer and into two, and 1M
-/// keys into three, the mirror as its own process (peak RSS sampled); each against the peers' own
-/// write limit at that size, measured in the same run.
+/// The scale curve: one origin synced at 10k, 100k and 1M keys into one peer and into two, 100k
+/// into four and 1M into three (`AETHER_BENCH_SCALE_KEYS`, a comma-separated list, picks sizes),
+/// the mirror as its own process (peak RSS sampled); each against the peers' own write limit at
+/// that size, and each side's CPU a key against its floor, measured in the same run.
 pub async fn bench_scale(table: &mut Table) -> anyhow::Result<()> {
     println!("scale curve: sync 10k, 100k, 1M keys into 1 peer and into 2; 1M into 3");
     let prefix = keys::region_prefix("a");
     let mut one_peer_rate = HashMap::new();
+    let sizes = sizes_from_env("AETHER_BENCH_SCALE_KEYS", &[10_000, 100_000, 1_000_000])?;
     let curve = [
         (10_000usize, 1usize),
         (10_000, 2),
         (100_000, 1),
         (100_000, 2),
+        (100_000, 4),
         (1_000_000, 1),
         (1_000_000, 2),
         (1_000_000, 3),
     ];
-    for (keys_n, peers) in curve {
-        let origin =
-            EtcdServer::start_with("sc-a", EtcdFlavor::Default, &["--quota-backend-bytes", "8589934592"]).await?;
+    for (keys_n, peers) in curve.into_iter().filter(|(keys_n, _)| sizes.contains(keys_n)) {
+        let flags = [&["--quota-backend-bytes", "8589934592"], crate::profile::etcd_flags()].concat();
+        let origin = EtcdServer::start_with("sc-a", EtcdFlavor::Default, &flags).await?;
         let oc = Client::connect([origin.endpoint()], None).await?;
         fill(&oc, keys_n, "sc").await?;
         let names: Vec<String> = (0..peers).map(|i| format!("sc-p{i}")).collect();
-        let targets: Vec<EtcdServer> = futures::future::try_join_all(
-            names
-                .iter()
-                .map(|n| EtcdServer::start_with(n, EtcdFlavor::Default, &["--quota-backend-bytes", "8589934592"])),
-        )
-        .await?;
+        let targets: Vec<EtcdServer> =
+            futures::future::try_join_all(names.iter().map(|n| EtcdServer::start_with(n, EtcdFlavor::Default, &flags)))
+                .await?;
         let specs: Vec<(String, String)> =
             targets.iter().enumerate().map(|(i, t)| (format!("p{i}"), t.endpoint())).collect();
+        let profiles = Profiles::start(
+            &format!("sync-{keys_n}-{peers}"),
+            &[("origin etcd", &origin), ("peer etcd p0", &targets[0])],
+        )?;
         let mut worker = WorkerProcess::start(&origin.endpoint(), &specs)?;
         let split = CpuSplit::start(sync_processes(&origin, &worker, &targets));
         let elapsed = worker.wait_synced()?;
-        let sync_cpu = split.report();
+        let (sync_cpu, used) = (split.report(), split.used());
+        profiles.finish();
         let peak = worker.peak_kb();
         drop(worker);
         let mut unseen = 0i64;
@@ -277,8 +284,11 @@ pub async fn bench_scale(table: &mut Table) -> anyhow::Result<()> {
         };
         let bookkeeping = progress.encode().len() + keys::progress_key("a").len();
         let vs_100k = one_peer_rate.get(&100_000).map(|r| r / keys_per_s);
-        // The peers' own write limit at this size, measured in this run on the same machine.
+        // The origin's floor: its CPU for one full read of the subtree; and the peers' own write
+        // limit at this size, measured in this run on the same machine.
+        let floor = CpuSplit::start(vec![("origin etcd".into(), etcd_pid(&origin))]);
         let kvs = read_subtree(&oc).await?;
+        let origin_floor = floor.used()[0];
         let limit = peer_write_limit(&kvs, peers).await?;
         drop(kvs);
         let scenario = format!("scale: sync {keys_n} keys, {peers} peer(s)");
@@ -308,6 +318,16 @@ pub async fn bench_scale(table: &mut Table) -> anyhow::Result<()> {
             }),
         );
         table.row(&scenario, "this mirror: CPU by process (from the worker's start)", "-".into(), sync_cpu);
+        let sides = SideCosts {
+            keys: keys_n,
+            peers,
+            origin: used[0],
+            origin_floor,
+            peer: used[2..].iter().sum(),
+            peer_floor: limit.peer_cpu_seconds,
+            mirror: used[1],
+        };
+        sides.row(table, &scenario);
         limit_row(table, &scenario, &limit);
     }
     Ok(())

@@ -230,7 +230,9 @@ impl Worker {
                 "the origin etcd was restored or replaced; full sync"
             );
         }
-        if let Some(cause) = resume.resync
+        // A copy found empty with the records needs no count: a sync deletes nothing of it (a
+        // round trip less before a new peer's first key).
+        if let Some(cause) = resume.resync.filter(|_| !records.copy_empty)
             && let Some(held) = self.resync_held(cause, local, peer).await?
         {
             warn!(reason = held.reason, message = %held.message, "a full sync would delete most of the copy; held");
