@@ -306,6 +306,10 @@ pub async fn worker_process(args: &[String]) -> anyhow::Result<()> {
     let peers = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(args.len().saturating_sub(1)));
     // And the full syncs they take turns at.
     let syncs = std::sync::Arc::new(mirror::SyncSlots::default());
+    // And the origin's pages their syncs read once (AETHER_BENCH_OWN_READS=1: each its own, as
+    // before the region's syncs shared them).
+    let reads = std::sync::Arc::new(mirror::OriginReads::default());
+    let own_reads = std::env::var_os("AETHER_BENCH_OWN_READS").is_some();
     // And one memory budget, the operator's default unless AETHER_BENCH_MEMORY_MIB says otherwise.
     let memory_mib = std::env::var("AETHER_BENCH_MEMORY_MIB").ok().and_then(|m| m.parse::<usize>().ok()).unwrap_or(96);
     let memory = mirror::MemoryBudget::new(memory_mib << 20);
@@ -320,6 +324,7 @@ pub async fn worker_process(args: &[String]) -> anyhow::Result<()> {
                     verify_budget: budget.clone(),
                     origin_peers: peers.clone(),
                     sync_slots: syncs.clone(),
+                    origin_reads: if own_reads { Default::default() } else { reads.clone() },
                     memory: memory.clone(),
                     ..match &region {
                         Some(region) => MirrorConfig::new(region, peer, &format!("mesh-{region}-{peer}")),

@@ -851,3 +851,44 @@ async fn the_inbound_view_reads_the_recorded_count_which_follows_writes_deletes_
     }
     assert_eq!(key_count(&mut peer, &keys::region_prefix("a")).await, 0);
 }
+
+/// The full syncs a region owes several peers at once read the origin once between them: two
+/// workers sharing their object's reads (as an operator's workers of one RegionPeering do) sync
+/// 3,000 keys into two peers while the origin takes more writes; each peer's copy ends equal to
+/// the origin's, and each page of the origin was read by one of the two only.
+#[tokio::test]
+async fn syncs_into_two_peers_at_once_read_each_page_of_the_origin_once_and_both_copies_are_whole() {
+    let (origin, b, c) =
+        tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("b"), EtcdServer::start("c")).expect("etcd starts");
+    let mut o = client(&origin).await;
+    write_keys(&mut o, "a", 0..3000, "v1").await;
+    let reads = std::sync::Arc::new(mirror::OriginReads::default());
+    let spawn = |peer: &str, etcd: &EtcdServer| {
+        let mut cfg = config(&format!("w-{peer}"));
+        cfg.peer = peer.to_string();
+        cfg.origin_reads = reads.clone();
+        let (tx, rx) = mpsc::channel(1024);
+        let plain = |e: &EtcdServer| EtcdTarget::plain([e.endpoint()]);
+        (mirror::spawn(cfg, plain(&origin), plain(etcd), tx), rx)
+    };
+    let ((to_b, _eb), (to_c, _ec)) = (spawn("b", &b), spawn("c", &c));
+    write_keys(&mut o, "a", 2900..3300, "v2").await; // while the syncs run
+    wait_synced(&to_b).await;
+    wait_synced(&to_c).await;
+    for peer in [&b, &c] {
+        support::etcd::converged(&o, &client(peer).await, "a", DEADLINE).await;
+    }
+    let (hb, hc) = (to_b.health(), to_c.health());
+    let pages = hb.origin_pages_read + hb.origin_pages_shared;
+    assert!(pages > 1, "the sync spans pages: {hb:?}");
+    assert_eq!(pages, hc.origin_pages_read + hc.origin_pages_shared, "both syncs copy the same snapshot");
+    assert_eq!(
+        hb.origin_pages_read + hc.origin_pages_read,
+        pages,
+        "a page read twice: b read {} and was given {}, c read {} and was given {}",
+        hb.origin_pages_read,
+        hb.origin_pages_shared,
+        hc.origin_pages_read,
+        hc.origin_pages_shared
+    );
+}

@@ -686,6 +686,8 @@ struct Shares {
     peers: Arc<std::sync::atomic::AtomicUsize>,
     /// The full syncs they take turns at.
     syncs: Arc<mirror::SyncSlots>,
+    /// The origin's pages their syncs read once.
+    reads: Arc<mirror::OriginReads>,
     /// Where their panics are counted (the process's).
     supervision: Arc<crate::supervise::Supervision>,
     /// The process's memory budget.
@@ -701,6 +703,7 @@ fn shares(ctx: &Context, key: &str, spec: &RegionPeeringSpec) -> Shares {
         verify: Arc::new(mirror::VerifyBudget::new(rate)),
         peers: Default::default(),
         syncs: Default::default(),
+        reads: Default::default(),
         supervision: ctx.supervision.clone(),
         memory: ctx.settings.memory.clone(),
     });
@@ -718,6 +721,7 @@ fn mirror_config(spec: &RegionPeeringSpec, peer: &str, owner: &str, shares: Shar
     c.verify_budget = shares.verify;
     c.origin_peers = shares.peers;
     c.sync_slots = shares.syncs;
+    c.origin_reads = shares.reads;
     c.lease_ttl_seconds = spec.lease.ttl_seconds;
     c.keepalive_interval = Duration::from_secs(spec.lease.keepalive_interval_seconds.max(1) as u64);
     c.max_keys_per_lease = spec.lease.max_keys_per_lease.max(1) as u64;
@@ -957,6 +961,7 @@ mod tests {
             verify: Arc::new(mirror::VerifyBudget::new(1_000)),
             peers: Default::default(),
             syncs: Default::default(),
+            reads: Default::default(),
             supervision: Default::default(),
             memory: Default::default(),
         };

@@ -65,6 +65,9 @@ pub struct MirrorConfig {
     /// The full syncs the origin's workers take turns at (`sync_slots`): shared by the workers
     /// of one object; `new` gives each worker its own.
     pub sync_slots: Arc<super::sync_slots::SyncSlots>,
+    /// The origin's pages the syncs running at once read once (`origin_reads`): shared by the
+    /// workers of one object; `new` gives each worker its own.
+    pub origin_reads: Arc<super::origin_reads::OriginReads>,
     /// How long a far peer's batch that is not full waits for more revisions while others are in
     /// flight (see `plan::watch_linger`).
     pub watch_linger: Duration,
@@ -111,6 +114,7 @@ impl MirrorConfig {
             verify_budget: Arc::new(VerifyBudget::new(DEFAULT_VERIFY_KEYS_PER_SECOND)),
             origin_peers: Arc::new(AtomicUsize::new(1)),
             sync_slots: Arc::default(),
+            origin_reads: Arc::default(),
             watch_linger: super::plan::WATCH_LINGER,
             checkpoint_shards_per_part: super::records::checkpoint::SHARDS_PER_PART,
             max_resync_delete_percent: DEFAULT_MAX_RESYNC_DELETE_PERCENT,

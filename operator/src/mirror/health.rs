@@ -149,6 +149,10 @@ pub struct PeerHealth {
     pub sync_window: usize,
     pub sync_window_limit: usize,
     pub sync_window_cuts: u64,
+    /// The origin's pages this worker's syncs read themselves, and those another worker of the
+    /// region read for them (`origin_reads`), in the worker's life.
+    pub origin_pages_read: u64,
+    pub origin_pages_shared: u64,
 }
 
 /// Round-trip samples a health snapshot keeps; far more than happen between two refreshes.
@@ -200,6 +204,8 @@ impl PeerHealth {
             sync_window: 0,
             sync_window_limit: 0,
             sync_window_cuts: 0,
+            origin_pages_read: 0,
+            origin_pages_shared: 0,
             leases: 0,
             last_applied_revision: 0,
             last_seen_revision: 0,

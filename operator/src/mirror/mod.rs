@@ -15,7 +15,8 @@
 //!    resumes from them (pure).
 //! 6. Pure decisions and small parts: [`plan`] (the sync diff, batching, Txn packing), [`verify`],
 //!    [`health`], [`detector`], [`backoff`], [`sync_slots`] (an origin's workers take turns at
-//!    full syncs) and [`target`] (reaching an etcd with a member down).
+//!    full syncs), [`origin_reads`] (the syncs running at once read the origin once) and
+//!    [`target`] (reaching an etcd with a member down).
 //! 7. `shared`: what a worker's parts share while it runs (health, events, the detector).
 //!
 //! Beside the worker, for the controllers: [`retire`] (what deleting a RegionPeering does on each
@@ -29,6 +30,7 @@ pub mod health;
 pub mod inbound;
 pub mod leases;
 pub mod memory;
+pub mod origin_reads;
 pub mod plan;
 pub mod problem;
 pub mod records;
@@ -45,6 +47,7 @@ pub mod worker;
 pub use config::{DEFAULT_MAX_RESYNC_DELETE_PERCENT, DEFAULT_VERIFY_KEYS_PER_SECOND, MirrorConfig};
 pub use health::{MirrorEvent, PeerHealth, Phase, Refusal, RenewalShortfall, ResyncCause};
 pub use memory::MemoryBudget;
+pub use origin_reads::OriginReads;
 pub use records::checkpoint::OwningObject;
 pub use sync_slots::{FULL_SYNCS_AT_ONCE, SyncSlots};
 pub use target::EtcdTarget;

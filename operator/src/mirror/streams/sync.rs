@@ -10,6 +10,7 @@ use crate::keys;
 use crate::mirror::context::{State, Worker};
 use crate::mirror::health::{MirrorEvent, Phase, ResyncCause};
 use crate::mirror::leases::shards::{Layout, needs_reshard, shard_count};
+use crate::mirror::origin_reads::{Copying, PageKey, Pinned, SharedPage};
 use crate::mirror::plan::{
     Kv, MAX_SYNC_INFLIGHT_BYTES, MirrorOp, Oversized, SYNC_GROUP_BYTES, SyncBatcher, SyncReads, distance,
     enforce_request_limit, group_by_shard, merge_step, next_page_limit, spread_connections, sync_page_size,
@@ -54,7 +55,7 @@ impl Worker {
         });
         state.synced = false;
         let epoch = state.ownership.epoch.ok_or_else(|| anyhow!("sync without ownership"))?;
-        let snapshot = self.snapshot_head(local, epoch, cause).await?;
+        let snapshot = self.snapshot_head(local, epoch, cause, origin_cluster_id).await?;
         plan_layout(state, snapshot.total);
         let (mut copy, reads) = match self.start_copy(local, peer, spread, state, &snapshot).await? {
             Started::Copying(copy, reads) => (copy, reads),
@@ -66,17 +67,28 @@ impl Worker {
         self.finish_sync(*copy, peer, state, &snapshot, origin_cluster_id).await
     }
 
-    /// Pins the snapshot: the revision and size of the origin's subtree now.
-    async fn snapshot_head(&self, local: &Client, epoch: i64, cause: ResyncCause) -> anyhow::Result<Snapshot> {
+    /// Pins the snapshot: the revision and size of the origin's subtree now, or those of the
+    /// snapshot another of the region's syncs pinned moments ago (`origin_reads`).
+    async fn snapshot_head(
+        &self,
+        local: &Client,
+        epoch: i64,
+        cause: ResyncCause,
+        cluster_id: u64,
+    ) -> anyhow::Result<Snapshot> {
         let prefix = keys::region_prefix(&self.config.origin);
-        let head = self
-            .rpc(
-                "count origin keys",
-                kv(local).get(prefix.as_str(), Some(GetOptions::new().with_prefix().with_count_only())),
-            )
+        let (pinned, copying) = self
+            .config
+            .origin_reads
+            .pin(cluster_id, cause == ResyncCause::OriginChanged, || async {
+                let count = GetOptions::new().with_prefix().with_count_only();
+                let head = self.rpc("count origin keys", kv(local).get(prefix.as_str(), Some(count))).await?;
+                let revision =
+                    head.header().map(|h| h.revision()).ok_or_else(|| anyhow!("range response without header"))?;
+                Ok(Pinned { cluster_id, revision, total: head.count().max(0) as u64 })
+            })
             .await?;
-        let revision = head.header().map(|h| h.revision()).ok_or_else(|| anyhow!("range response without header"))?;
-        Ok(Snapshot { revision, total: head.count().max(0) as u64, epoch, cause })
+        Ok(Snapshot { revision: pinned.revision, total: pinned.total, epoch, cause, _copying: copying })
     }
 
     /// Lays out and records the leases, and reads the first pages of both sides meanwhile.
@@ -490,10 +502,7 @@ impl Worker {
             Some(bounds) => bounds.read_end(&pages.cursor, range_end),
             None => range_end.to_vec(),
         };
-        let page =
-            self.page_of(pages.size, client, &pages.cursor, &read_end, pages.revision, &mut pages.largest).await?;
-        let more = page.more();
-        let kvs: Vec<Kv> = page_kvs(page).collect();
+        let (kvs, more) = self.read_page(client, pages, &read_end).await?;
         let first_last = kvs.first().zip(kvs.last()).map(|(f, l)| (f.key.as_slice(), l.key.as_slice()));
         let next = match &mut pages.bounds {
             Some(bounds) => bounds.after_page(&pages.cursor, first_last, more, &read_end, range_end),
@@ -504,6 +513,36 @@ impl Worker {
             None => pages.done = true,
         }
         Ok(kvs)
+    }
+
+    /// One page of `pages` to `read_end`. The origin's, at its pinned snapshot, are the region's
+    /// syncs' to share (`origin_reads`): read here only when no other worker read it first.
+    async fn read_page(&self, client: &Client, pages: &mut Pages, read_end: &[u8]) -> anyhow::Result<(Vec<Kv>, bool)> {
+        let Some(revision) = pages.revision else {
+            let page = self.page_of(pages.size, client, &pages.cursor, read_end, None, &mut pages.largest).await?;
+            let more = page.more();
+            return Ok((page_kvs(page).collect(), more));
+        };
+        let limit = next_page_limit(pages.size, pages.largest, self.config.page_bytes);
+        let key = PageKey { from: pages.cursor.clone(), read_end: read_end.to_vec(), limit };
+        let mut largest = pages.largest;
+        let (page, read_here) = self
+            .config
+            .origin_reads
+            .page(revision, key, || async {
+                let page =
+                    self.page_of(pages.size, client, &pages.cursor, read_end, Some(revision), &mut largest).await?;
+                let more = page.more();
+                Ok(SharedPage { kvs: page_kvs(page).collect(), more })
+            })
+            .await?;
+        let page_largest = page.kvs.iter().map(|kv| kv.key.len() + kv.value.len()).max().unwrap_or(0);
+        pages.largest = largest.max(page_largest);
+        self.shared.update(|h| match read_here {
+            true => h.origin_pages_read += 1,
+            false => h.origin_pages_shared += 1,
+        });
+        Ok((page.kvs.clone(), page.more))
     }
 
     /// The origin's first pages, at least one, until they hold `bytes`.
@@ -547,6 +586,8 @@ struct Snapshot {
     total: u64,
     epoch: i64,
     cause: ResyncCause,
+    /// The region's other syncs may share its pages while this one copies it.
+    _copying: Copying,
 }
 
 /// Lease layout: keep the current one while it fits, else reshard.

@@ -1,0 +1,330 @@
+//! One read of the origin for the full syncs its workers run at once. A region that owes several
+//! peers a full sync at the same moment (an operator's first start, a new region in a mesh)
+//! read its whole subtree once per peer, and the origin etcd paid for each read: at 100k keys
+//! into 4 peers it spent 9x the CPU of one read (docs/performance.md).
+//!
+//! The workers of one object share this: the first sync to start pins the snapshot (the revision
+//! and the subtree's size at it), and a sync that starts within [`SHARE_WINDOW`] of it, against
+//! the same origin cluster, copies the same snapshot. Their page reads are then the same reads
+//! (the same cursor, end and limit at the same revision), so each is made once: the first sync
+//! to need a page reads it, the others that need it meanwhile wait for that read rather than make
+//! their own, and later ones take it from what is kept.
+//!
+//! Pages are kept only while another sync copies the same snapshot, and are let go when the last
+//! one ends; what is kept is bounded ([`KEPT_BYTES`]), the oldest pages going first. A sync
+//! whose peer is slower falls so far behind that the pages it needs are gone, and reads them
+//! itself: nobody waits on a slower peer, and each worker's health counts the pages it read and
+//! those it was given. A snapshot older than the window, or of another cluster (the origin
+//! replaced, or the object now naming another etcd), is never shared, nor with a sync because the
+//! origin was restored: those pin their own.
+use crate::mirror::plan::Kv;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::OnceCell;
+
+/// How long after a sync pins its snapshot another may copy the same one: the syncs one start
+/// owes begin within moments of each other, and a copy's revision is the older by at most this
+/// (its watch replays what came after).
+pub const SHARE_WINDOW: Duration = Duration::from_secs(10);
+
+/// The most page bytes kept for the syncs behind the first reader.
+pub const KEPT_BYTES: usize = 8 << 20;
+
+/// A snapshot of the origin's subtree as a sync pins it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pinned {
+    pub cluster_id: u64,
+    pub revision: i64,
+    pub total: u64,
+}
+
+/// One read of the origin: its keys and whether more follow in the range read.
+#[derive(Debug)]
+pub struct SharedPage {
+    pub kvs: Vec<Kv>,
+    pub more: bool,
+}
+
+/// A page read: the cursor, the end of the range read and the limit, at the shared revision.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub struct PageKey {
+    pub from: Vec<u8>,
+    pub read_end: Vec<u8>,
+    pub limit: i64,
+}
+
+type Slot = Arc<OnceCell<Arc<SharedPage>>>;
+
+/// The reads one object's workers share (`MirrorConfig::origin_reads`).
+#[derive(Debug, Default)]
+pub struct OriginReads {
+    /// Held while a snapshot is pinned, so that syncs starting together pin one.
+    pinning: tokio::sync::Mutex<()>,
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    snapshot: Option<(Pinned, Instant)>,
+    /// Syncs copying the snapshot now.
+    copiers: usize,
+    pages: HashMap<PageKey, Slot>,
+    /// Pages kept, oldest first, with their bytes.
+    kept: VecDeque<(PageKey, usize)>,
+    kept_bytes: usize,
+}
+
+impl Inner {
+    fn let_go(&mut self) {
+        self.pages.clear();
+        self.kept.clear();
+        self.kept_bytes = 0;
+    }
+}
+
+/// Whether a sync starting `now` copies the snapshot pinned `pinned_at` (pure).
+pub fn shares_snapshot(pinned: &Pinned, pinned_at: Instant, cluster_id: u64, now: Instant) -> bool {
+    pinned.cluster_id == cluster_id && now.saturating_duration_since(pinned_at) < SHARE_WINDOW
+}
+
+impl OriginReads {
+    /// The snapshot a sync of the origin `cluster_id` copies: one pinned within the window, or a
+    /// new one from `pin` (which counts the subtree), which later syncs then share. `fresh`
+    /// (a sync because the origin was restored or replaced) never copies an earlier one. The
+    /// sync copies it while it holds the returned [`Copying`].
+    pub async fn pin<F, Fut>(
+        self: &Arc<Self>,
+        cluster_id: u64,
+        fresh: bool,
+        pin: F,
+    ) -> anyhow::Result<(Pinned, Copying)>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = anyhow::Result<Pinned>>,
+    {
+        let _pinning = self.pinning.lock().await;
+        let pinned = match self.shared(cluster_id, Instant::now()).filter(|_| !fresh) {
+            Some(shared) => shared,
+            None => {
+                let pinned = pin().await?;
+                let mut inner = self.lock();
+                inner.let_go();
+                inner.snapshot = Some((pinned, Instant::now()));
+                inner.copiers = 0;
+                pinned
+            }
+        };
+        self.lock().copiers += 1;
+        Ok((pinned, Copying { reads: self.clone(), revision: pinned.revision }))
+    }
+
+    fn shared(&self, cluster_id: u64, now: Instant) -> Option<Pinned> {
+        let inner = self.lock();
+        let (pinned, at) = inner.snapshot.as_ref()?;
+        shares_snapshot(pinned, *at, cluster_id, now).then_some(*pinned)
+    }
+
+    /// The page `key` of the snapshot at `revision`: read once by `read`, by whichever sync asks
+    /// first; the others wait for that read, or take it while it is kept. Returns the page and
+    /// whether this call read it. A snapshot no longer the shared one is read, not kept.
+    pub async fn page<F, Fut>(&self, revision: i64, key: PageKey, read: F) -> anyhow::Result<(Arc<SharedPage>, bool)>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = anyhow::Result<SharedPage>>,
+    {
+        let slot = {
+            let mut inner = self.lock();
+            match inner.snapshot {
+                Some((pinned, _)) if pinned.revision == revision => {
+                    Some(inner.pages.entry(key.clone()).or_default().clone())
+                }
+                _ => None,
+            }
+        };
+        let Some(slot) = slot else { return Ok((Arc::new(read().await?), true)) };
+        let mut read_here = false;
+        let page = slot
+            .get_or_try_init(|| async {
+                read_here = true;
+                read().await.map(Arc::new)
+            })
+            .await?
+            .clone();
+        if read_here {
+            self.keep(revision, key, page.kvs.iter().map(|kv| kv.key.len() + kv.value.len()).sum());
+        }
+        Ok((page, read_here))
+    }
+
+    /// Keeps a page read while another sync copies its snapshot, and lets the oldest go past
+    /// [`KEPT_BYTES`].
+    fn keep(&self, revision: i64, key: PageKey, bytes: usize) {
+        let mut inner = self.lock();
+        if inner.snapshot.is_none_or(|(pinned, _)| pinned.revision != revision) || inner.copiers < 2 {
+            inner.pages.remove(&key); // nobody else needs it (or a new snapshot cleared it)
+            return;
+        }
+        inner.kept.push_back((key, bytes));
+        inner.kept_bytes += bytes;
+        while inner.kept_bytes > KEPT_BYTES {
+            let Some((oldest, bytes)) = inner.kept.pop_front() else { break };
+            inner.pages.remove(&oldest);
+            inner.kept_bytes -= bytes;
+        }
+    }
+
+    /// A sync of the snapshot at `revision` ended.
+    fn copied(&self, revision: i64) {
+        let mut inner = self.lock();
+        if inner.snapshot.is_some_and(|(pinned, _)| pinned.revision == revision) {
+            inner.copiers = inner.copiers.saturating_sub(1);
+            if inner.copiers == 0 {
+                inner.let_go();
+            }
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Page bytes kept now.
+    pub fn kept_bytes(&self) -> usize {
+        self.lock().kept_bytes
+    }
+}
+
+/// A sync copying a pinned snapshot; the pages it shares are let go when the last one ends.
+#[derive(Debug)]
+pub struct Copying {
+    reads: Arc<OriginReads>,
+    revision: i64,
+}
+
+impl Drop for Copying {
+    fn drop(&mut self) {
+        self.reads.copied(self.revision);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    fn pinned(cluster_id: u64, revision: i64) -> Pinned {
+        Pinned { cluster_id, revision, total: 3 }
+    }
+
+    fn key(from: &str) -> PageKey {
+        PageKey { from: from.as_bytes().to_vec(), read_end: b"z".to_vec(), limit: 2 }
+    }
+
+    fn page_of(bytes: usize) -> SharedPage {
+        SharedPage { kvs: vec![Kv { key: b"k".to_vec(), value: vec![b'v'; bytes - 1], lease: 0 }], more: true }
+    }
+
+    /// Two syncs copying the snapshot at revision 100.
+    async fn two_copying(reads: &Arc<OriginReads>) -> (Copying, Copying) {
+        let (_, a) = reads.pin(7, false, || async { Ok(pinned(7, 100)) }).await.unwrap();
+        let (_, b) = reads.pin(7, false, || async { Ok(pinned(7, 101)) }).await.unwrap();
+        (a, b)
+    }
+
+    #[test]
+    fn a_snapshot_is_shared_within_the_window_and_only_with_its_own_cluster() {
+        let at = Instant::now();
+        let p = pinned(7, 100);
+        assert!(shares_snapshot(&p, at, 7, at + Duration::from_secs(9)));
+        assert!(!shares_snapshot(&p, at, 7, at + SHARE_WINDOW), "too old: the next sync pins its own");
+        assert!(!shares_snapshot(&p, at, 8, at), "another cluster (the origin replaced)");
+    }
+
+    #[tokio::test]
+    async fn syncs_starting_together_pin_one_snapshot_and_another_cluster_or_a_restore_pins_its_own() {
+        let reads = Arc::new(OriginReads::default());
+        let pins = AtomicUsize::new(0);
+        let pin = |revision| {
+            let pins = &pins;
+            move || async move {
+                pins.fetch_add(1, Ordering::SeqCst);
+                Ok(pinned(7, revision))
+            }
+        };
+        let (a, b) = tokio::join!(reads.pin(7, false, pin(100)), reads.pin(7, false, pin(101)));
+        assert_eq!((a.unwrap().0.revision, b.unwrap().0.revision), (100, 100));
+        assert_eq!(pins.load(Ordering::SeqCst), 1, "one count of the subtree");
+        let (other, _) = reads.pin(8, false, || async { Ok(pinned(8, 5)) }).await.unwrap();
+        assert_eq!(other, pinned(8, 5));
+        let (restored, _) = reads.pin(8, true, || async { Ok(pinned(8, 2)) }).await.unwrap();
+        assert_eq!(restored.revision, 2, "a sync because the origin was restored pins its own");
+    }
+
+    #[tokio::test]
+    async fn a_page_is_read_once_for_the_syncs_that_need_it_together_or_after() {
+        let reads = Arc::new(OriginReads::default());
+        let _copying = two_copying(&reads).await;
+        let made = AtomicUsize::new(0);
+        let read = || async {
+            made.fetch_add(1, Ordering::SeqCst);
+            tokio::task::yield_now().await;
+            Ok(page_of(10))
+        };
+        let (a, b) = tokio::join!(reads.page(100, key("a"), read), reads.page(100, key("a"), read));
+        let (a, b) = (a.unwrap(), b.unwrap());
+        assert_eq!(made.load(Ordering::SeqCst), 1);
+        assert!(a.1 != b.1, "one of them read it");
+        assert!(Arc::ptr_eq(&a.0, &b.0));
+        let (_, read_here) = reads.page(100, key("a"), read).await.unwrap();
+        assert!(!read_here, "kept for a later sync");
+        // Another revision (a sync with a snapshot of its own) reads and keeps nothing.
+        let (_, read_here) = reads.page(99, key("a"), read).await.unwrap();
+        assert!(read_here);
+        assert_eq!(reads.kept_bytes(), 10);
+    }
+
+    #[tokio::test]
+    async fn pages_are_kept_only_while_another_sync_copies_the_snapshot_and_let_go_after_the_last() {
+        let reads = Arc::new(OriginReads::default());
+        let (_, alone) = reads.pin(7, false, || async { Ok(pinned(7, 100)) }).await.unwrap();
+        let (_, read_here) = reads.page(100, key("a"), || async { Ok(page_of(10)) }).await.unwrap();
+        assert!(read_here);
+        assert_eq!(reads.kept_bytes(), 0, "one sync alone keeps nothing");
+        let (_, joined) = reads.pin(7, false, || async { Ok(pinned(7, 101)) }).await.unwrap();
+        let (_, read_here) = reads.page(100, key("a"), || async { Ok(page_of(10)) }).await.unwrap();
+        assert!(read_here, "a page read before the second sync joined was not kept: it reads it");
+        reads.page(100, key("b"), || async { Ok(page_of(10)) }).await.unwrap();
+        assert_eq!(reads.kept_bytes(), 20);
+        drop(alone);
+        assert_eq!(reads.kept_bytes(), 20, "one sync still copies");
+        drop(joined);
+        assert_eq!(reads.kept_bytes(), 0, "the last sync ended: everything let go");
+    }
+
+    #[tokio::test]
+    async fn what_is_kept_is_bounded_and_a_page_let_go_is_read_again() {
+        let reads = Arc::new(OriginReads::default());
+        let _copying = two_copying(&reads).await;
+        let big = KEPT_BYTES / 4 + 1;
+        for from in ["a", "b", "c", "d", "e"] {
+            let (_, read_here) = reads.page(100, key(from), || async { Ok(page_of(big)) }).await.unwrap();
+            assert!(read_here);
+            assert!(reads.kept_bytes() <= KEPT_BYTES);
+        }
+        let (_, read_here) = reads.page(100, key("a"), || async { Ok(page_of(big)) }).await.unwrap();
+        assert!(read_here, "the oldest page was let go: the sync behind reads it itself");
+        let (_, read_here) = reads.page(100, key("e"), || async { Ok(page_of(big)) }).await.unwrap();
+        assert!(!read_here, "the newest is still kept");
+    }
+
+    #[tokio::test]
+    async fn a_failed_read_is_made_again_by_the_next_sync_that_needs_the_page() {
+        let reads = Arc::new(OriginReads::default());
+        let _copying = two_copying(&reads).await;
+        let failed = reads.page(100, key("a"), || async { Err(anyhow::anyhow!("deadline")) }).await;
+        assert!(failed.is_err());
+        let (page, read_here) = reads.page(100, key("a"), || async { Ok(page_of(4)) }).await.unwrap();
+        assert!(read_here && page.more);
+    }
+}
