@@ -542,7 +542,10 @@ impl Worker {
             true => h.origin_pages_read += 1,
             false => h.origin_pages_shared += 1,
         });
-        Ok((page.kvs.clone(), page.more))
+        // A page nobody else holds is taken as it is; one another sync holds too, copied.
+        let more = page.more;
+        let kvs = std::sync::Arc::try_unwrap(page).map_or_else(|shared| shared.kvs.clone(), |page| page.kvs);
+        Ok((kvs, more))
     }
 
     /// The origin's first pages, at least one, until they hold `bytes`.
