@@ -35,6 +35,8 @@ async fn scenario(names: &[&str]) {
     for r in names {
         fed.wait_condition(r, "Ready", "True", WAIT).await.unwrap();
     }
+    // Every copy is its origin's subtree, key for key (the same step the kind e2e runs).
+    aether_e2e::substrate::wait_copies_whole(&fed, names, WAIT).await.unwrap();
     for r in names {
         for origin in names {
             assert_eq!(fed.keys_of(r, origin).await.unwrap(), 200, "{origin}'s keys in {r}");

@@ -65,6 +65,12 @@
 #   9. helm uninstall in every cluster through the chart's pre-delete hook: the hook Job succeeds,
 #      the RegionPeering and every object of the release go, nothing is left Terminating in the
 #      namespace, helm lists no release, the CRDs stay (Established; Helm never deletes crds/).
+#  10. GitOps: real Argo CD (hack/argocd/) in aether-a syncs the chart and a's RegionPeering from a
+#      git server in the cluster; the scenarios are Rust (e2e/tests/gitops.rs, AETHER_E2E_SCENARIOS
+#      selects them by name): first sync, no drift, a TTL change committed, a peer's etcd stopped
+#      (Degraded, the peer named) and back, self-heal, an upgrade committed then `git revert`ed
+#      under 100 writes/s, the Application deleted (the deletion
+#      policy applied while the operator runs, nothing Terminating).
 #
 #   hack/kind/e2e.sh            run it; the clusters are deleted at the end (federation.sh down)
 #   KEEP=1 hack/kind/e2e.sh     keep the clusters (and dockerd) afterwards
@@ -75,8 +81,8 @@
 # default 60), AETHER_E2E_LAPSE_MARGIN (s, default 5), AETHER_E2E_STATUS_MARGIN (s, default 10: on
 # top of b's acceptable pause and status refresh), AETHER_E2E_RECOVERY_TIMEOUT (s, default 180);
 # AETHER_E2E_PLUGIN (a kubectl-aether binary to use instead of target/'s); AETHER_E2E_UPGRADE,
-# AETHER_E2E_THREE, AETHER_E2E_ROTATION, AETHER_E2E_UNINSTALL (1, the default, runs steps 7, 7b, 8,
-# 9; 0 skips one),
+# AETHER_E2E_THREE, AETHER_E2E_ROTATION, AETHER_E2E_UNINSTALL, AETHER_E2E_GITOPS (1, the default,
+# runs steps 7, 7b, 8, 9, 10; 0 skips one; 10 needs 9),
 # AETHER_E2E_UPGRADE_TIMEOUT (s, default 300, each roll), AETHER_E2E_LOAD_RATE (keys/s, default 100),
 # AETHER_E2E_LOAD_BATCH (puts per etcdctl txn, default 10), AETHER_E2E_LOAD_POOL (distinct keys,
 # default 200), AETHER_E2E_ROTATION_TIMEOUT (s, default 60), AETHER_E2E_UNINSTALL_TIMEOUT (s,
@@ -113,6 +119,7 @@ ROTATION=${AETHER_E2E_ROTATION:-1}
 THREE=${AETHER_E2E_THREE:-1}
 ROTATION_TIMEOUT=${AETHER_E2E_ROTATION_TIMEOUT:-60}
 UNINSTALL=${AETHER_E2E_UNINSTALL:-1}
+GITOPS=${AETHER_E2E_GITOPS:-1}
 UNINSTALL_TIMEOUT=${AETHER_E2E_UNINSTALL_TIMEOUT:-300}
 LEASE_NAME=aether-operator-leader     # the chart's leaderElection.leaseName
 
@@ -1741,10 +1748,70 @@ join_third_region() {
   o=a p=b
 }
 
+# --- 10. GitOps: Argo CD in aether-a syncs the chart and a's RegionPeering from git ------------------
+# hack/argocd/up.sh installs Argo CD (built here, hack/argocd/build.sh) and a git server in aether-a;
+# the region's values (its etcds and Secrets as federation.sh made them, the images loaded above,
+# deletionPolicy Delete) are written here; the scenarios are Rust (e2e/tests/gitops.rs): first
+# sync, no drift, a TTL change committed, a peer's etcd stopped and back, self-heal of a hand
+# edit, and the Application deleted. They run after the helm releases are gone.
+gitops_with_argocd() {
+  local r=${REGIONS[0]} q ip out values peers=() sets=()
+  phase="Argo CD in aether-$r"
+  t=$(now_ms)
+  out=$(heavy "$root/hack/argocd/up.sh" "$r") || fail "hack/argocd/up.sh $r"
+  local GITOPS_REPO GITOPS_REPO_IN_CLUSTER
+  eval "$(grep '^GITOPS_REPO' <<<"$out")"
+  [[ -n $GITOPS_REPO && -n $GITOPS_REPO_IN_CLUSTER ]] || fail "hack/argocd/up.sh printed no GITOPS_REPO (it said: $out)"
+  record "Argo CD and the git server up in aether-$r (hack/argocd/up.sh)" "$(secs $(($(now_ms) - t))) s"
+  for q in "${REGIONS[@]}"; do
+    [[ $q == "$r" ]] && continue
+    ip=$(node_ip "$q")
+    [[ -n $ip ]] || fail "no kind-network address of $(node_of "$q")"
+    peers+=("$q")
+    sets+=("regionPeering.peerEtcd+=$q=https://$ip:$NODEPORT" "regionPeering.peerTlsSecrets.$q=registry-etcd-peer-$q")
+  done
+  local flag
+  for flag in "${image_flags[@]}" "${hook_flags[@]}"; do [[ $flag == --set ]] || sets+=("$flag"); done
+  values=$e2e_tmp/gitops-values-$r.yaml
+  python3 - "$values" "$r" "$NS" "${sets[@]}" <<'PY' || fail "writing the GitOps values"
+import sys, yaml
+out, region, ns, sets = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
+values = {"regionPeering": {
+    "enabled": True, "region": region,
+    "localEtcd": {"endpoints": [f"https://registry-etcd.{ns}.svc:2379"], "tlsSecret": "registry-etcd-local"},
+    "peerEtcd": [], "peerTlsSecrets": {},
+    "lease": {"ttlSeconds": 30, "keepaliveIntervalSeconds": 10},
+    "deletionPolicy": "Delete"}}
+for s in sets:
+    path, value = s.split("=", 1)
+    *parents, last = path.split(".")
+    at = values
+    for p in parents:
+        at = at.setdefault(p, {})
+    if last.endswith("+"):
+        at[last[:-1]].append(value)
+    else:
+        at[last] = value
+with open(out, "w") as f:
+    yaml.safe_dump(values, f, sort_keys=False)
+PY
+  # The upgrade step loaded the re-tagged image into aether-a; without it the scenario says so.
+  local upgrade_tag=''
+  [[ $UPGRADE == 1 ]] && upgrade_tag=$version-e2e-upgrade
+  phase="the GitOps scenarios (e2e/tests/gitops.rs)"
+  t=$(now_ms)
+  (cd "$root" && GITOPS_REPO=$GITOPS_REPO GITOPS_REPO_IN_CLUSTER=$GITOPS_REPO_IN_CLUSTER AETHER_GITOPS_REGION=$r \
+    AETHER_GITOPS_PEERS=$(IFS=,; echo "${peers[*]}") AETHER_GITOPS_VALUES=$values AETHER_KIND_FED_DIR=$fed_dir \
+    AETHER_KIND_ETCD_NODEPORT=$NODEPORT AETHER_GITOPS_UPGRADE_TAG=$upgrade_tag "${CARGO:-cargo}" test -q -p aether-e2e --test gitops -- --ignored --nocapture) \
+    || fail "the GitOps scenarios with Argo CD (e2e/tests/gitops.rs; its output above)"
+  record "GitOps scenarios with Argo CD in aether-$r" "$(secs $(($(now_ms) - t))) s"
+}
+
 if [[ $UPGRADE == 1 ]]; then upgrade_and_rollback; else say "upgrade and rollback: SKIPPED (AETHER_E2E_UPGRADE=$UPGRADE)"; fi
 if [[ $THREE == 1 ]]; then join_third_region; else say "third region: SKIPPED (AETHER_E2E_THREE=$THREE)"; fi
 if [[ $ROTATION == 1 ]]; then rotate_peer_secret; else say "secret rotation: SKIPPED (AETHER_E2E_ROTATION=$ROTATION)"; fi
 if [[ $UNINSTALL == 1 ]]; then uninstall_all; else say "helm uninstall: SKIPPED (AETHER_E2E_UNINSTALL=$UNINSTALL)"; fi
+if [[ $GITOPS == 1 && $UNINSTALL == 1 ]]; then gitops_with_argocd; else say "GitOps with Argo CD: SKIPPED (AETHER_E2E_GITOPS=$GITOPS, AETHER_E2E_UNINSTALL=$UNINSTALL)"; fi
 
 record "total: e2e.sh from start to here (without federation.sh down)" "$SECONDS s"
 phase=finished

@@ -1,0 +1,146 @@
+//! Where a scenario runs: the local federation of processes (`make e2e`) or the kind clusters
+//! (`make e2e-kind`). A scenario step written against [`Substrate`] runs on both, once.
+use crate::{Federation, NAMESPACE};
+use aether_operator::api::RegionPeering;
+use aether_operator::keys;
+use etcd_client::{Client, GetOptions};
+use kube::api::Api;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// What a scenario needs of the regions it runs on.
+pub trait Substrate {
+    /// A client of `region`'s registry etcd with the rights to read and write every subtree.
+    fn registry(&self, region: &str) -> impl Future<Output = anyhow::Result<Client>>;
+    /// A client of `region`'s Kubernetes API.
+    fn kube(&self, region: &str) -> impl Future<Output = anyhow::Result<kube::Client>>;
+}
+
+impl Substrate for Federation {
+    async fn registry(&self, region: &str) -> anyhow::Result<Client> {
+        self.registry_client(region).await
+    }
+    async fn kube(&self, region: &str) -> anyhow::Result<kube::Client> {
+        self.region(region).apiserver.client().await
+    }
+}
+
+/// The kind clusters `hack/kind/federation.sh up` made: a context `kind-aether-<region>` in its
+/// kubeconfig, and each region's registry etcd on its node's NodePort over mTLS, as root.
+pub struct KindFederation {
+    dir: PathBuf,
+    nodeport: u16,
+}
+
+impl KindFederation {
+    /// The federation of `AETHER_KIND_FED_DIR` (federation.sh's default: /tmp/aether-kind-federation).
+    pub fn from_env() -> anyhow::Result<Self> {
+        let dir = PathBuf::from(
+            std::env::var("AETHER_KIND_FED_DIR").unwrap_or_else(|_| "/tmp/aether-kind-federation".into()),
+        );
+        anyhow::ensure!(
+            dir.join("kubeconfig").is_file(),
+            "{}: no kubeconfig (hack/kind/federation.sh up)",
+            dir.display()
+        );
+        let nodeport = match std::env::var("AETHER_KIND_ETCD_NODEPORT") {
+            Ok(port) => port.parse()?,
+            Err(_) => 32379,
+        };
+        Ok(KindFederation { dir, nodeport })
+    }
+
+    fn region_file(&self, region: &str, name: &str) -> anyhow::Result<Vec<u8>> {
+        let path = self.dir.join(format!("region-{region}")).join(name);
+        std::fs::read(&path)
+            .map_err(|e| anyhow::anyhow!("{}: {e} (hack/kind/federation.sh up {region})", path.display()))
+    }
+}
+
+impl Substrate for KindFederation {
+    async fn registry(&self, region: &str) -> anyhow::Result<Client> {
+        let ip = String::from_utf8(self.region_file(region, "node-ip")?)?;
+        let tls = etcd_client::TlsOptions::new()
+            .ca_certificate(etcd_client::Certificate::from_pem(self.region_file(region, "ca.crt")?))
+            .identity(etcd_client::Identity::from_pem(
+                self.region_file(region, "client-root.crt")?,
+                self.region_file(region, "client-root.key")?,
+            ));
+        let options = etcd_client::ConnectOptions::new()
+            .with_tls(tls)
+            .with_connect_timeout(Duration::from_secs(5))
+            .with_timeout(Duration::from_secs(10));
+        Ok(Client::connect([format!("https://{}:{}", ip.trim(), self.nodeport)], Some(options)).await?)
+    }
+    async fn kube(&self, region: &str) -> anyhow::Result<kube::Client> {
+        let kubeconfig = kube::config::Kubeconfig::read_from(self.dir.join("kubeconfig"))?;
+        let options =
+            kube::config::KubeConfigOptions { context: Some(format!("kind-aether-{region}")), ..Default::default() };
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &options).await?;
+        Ok(kube::Client::try_from(config)?)
+    }
+}
+
+/// `origin`'s subtree as `region`'s registry etcd holds it: key to value.
+pub async fn subtree(sub: &impl Substrate, region: &str, origin: &str) -> anyhow::Result<BTreeMap<Vec<u8>, Vec<u8>>> {
+    let mut client = sub.registry(region).await?;
+    let response = client.get(keys::region_prefix(origin), Some(GetOptions::new().with_prefix())).await?;
+    Ok(response.kvs().iter().map(|kv| (kv.key().to_vec(), kv.value().to_vec())).collect())
+}
+
+/// Why `peer`'s copy of `origin` is not the origin's own subtree (missing, extra or different
+/// keys, at most five of each named), or None when it is.
+pub async fn copy_difference(sub: &impl Substrate, origin: &str, peer: &str) -> anyhow::Result<Option<String>> {
+    let own = subtree(sub, origin, origin).await?;
+    let copy = subtree(sub, peer, origin).await?;
+    if own == copy {
+        return Ok(None);
+    }
+    let name = |k: &Vec<u8>| String::from_utf8_lossy(k).into_owned();
+    let missing: Vec<String> = own.keys().filter(|k| !copy.contains_key(*k)).take(5).map(name).collect();
+    let extra: Vec<String> = copy.keys().filter(|k| !own.contains_key(*k)).take(5).map(name).collect();
+    let changed: Vec<String> =
+        own.iter().filter(|(k, v)| copy.get(*k).is_some_and(|c| c != *v)).take(5).map(|(k, _)| name(k)).collect();
+    Ok(Some(format!(
+        "{origin} holds {} keys of its own, {peer}'s copy {}: missing {missing:?}, extra {extra:?}, other values {changed:?}",
+        own.len(),
+        copy.len()
+    )))
+}
+
+/// Waits until `peer`'s copy of `origin` is the origin's subtree, key for key and value for value.
+pub async fn wait_copy_whole(sub: &impl Substrate, origin: &str, peer: &str, deadline: Duration) -> anyhow::Result<()> {
+    let last = std::sync::Mutex::new(None);
+    let what = format!("{peer}'s copy of {origin} equal to {origin}'s subtree");
+    let waited = aether_harness::wait_until(&what, deadline, || {
+        let last = &last;
+        async move {
+            let difference = copy_difference(sub, origin, peer).await?;
+            let whole = difference.is_none();
+            *last.lock().unwrap() = difference;
+            Ok(whole)
+        }
+    })
+    .await;
+    if let Err(e) = waited {
+        anyhow::bail!("{e}; last seen: {}", last.lock().unwrap().take().unwrap_or_default());
+    }
+    Ok(())
+}
+
+/// Waits until every peer's copy of every origin among `regions` is whole.
+pub async fn wait_copies_whole(sub: &impl Substrate, regions: &[&str], deadline: Duration) -> anyhow::Result<()> {
+    for origin in regions {
+        for peer in regions.iter().filter(|p| *p != origin) {
+            wait_copy_whole(sub, origin, peer, deadline).await?;
+        }
+    }
+    Ok(())
+}
+
+/// `region`'s RegionPeering.
+pub async fn peering(sub: &impl Substrate, region: &str) -> anyhow::Result<RegionPeering> {
+    let api: Api<RegionPeering> = Api::namespaced(sub.kube(region).await?, NAMESPACE);
+    Ok(api.get(region).await?)
+}
