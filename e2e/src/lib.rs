@@ -1,6 +1,7 @@
 //! A local federation on real parts: N regions, each a kube-apiserver (with its own etcd) and a
 //! registry etcd, with the CRDs installed, a RegionPeering per region peering with every other
 //! region, and operator processes. Used by `make demo` and `make e2e`.
+pub mod scenarios;
 pub mod substrate;
 
 use aether_harness::{ManagedProcess, Region, free_port, tool_path, wait_until};

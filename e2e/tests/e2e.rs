@@ -171,6 +171,11 @@ async fn scenario(names: &[&str]) {
     let args = with_contexts(&["status", "--wait", "60"]);
     let (healthy, table) = fed.operator_cli(&args.iter().map(String::as_str).collect::<Vec<_>>()).unwrap();
     assert!(healthy, "status --wait returns once the federation recovered:\n{table}");
+
+    // 6. The data path both ways after the recovery: the same step the kind e2e runs.
+    for (origin, peer) in [("a", "b"), ("b", "a")] {
+        aether_e2e::scenarios::data_path(&fed, origin, peer, "data-path", 50, 10, WAIT).await.unwrap();
+    }
 }
 
 #[tokio::test]

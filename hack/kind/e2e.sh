@@ -594,41 +594,19 @@ wait_copy() { # ORIGIN PEER WHAT: poll until the copy equals the origin; prints 
   say "ok: $what after $(secs $(($(now_ms) - start))) s"
 }
 
-run_id=$(date +%s)
-for pair in "a b" "b a"; do
-  read -r o p <<<"$pair"
-  phase="data path $o -> $p"
-  ri=$(region_index "$o")
-  # A clean start for this run's keys (a KEEP=1 rerun finds the last run's).
-  ectl "$o" del --prefix "/aether/v1/regions/$o/clusters/kind-$o/" >/dev/null || fail "clearing $o's test keys on aether-$o"
-  t=$(now_ms)
-  for ((i = 0; i < N_KEYS; i++)); do
-    ectl "$o" put "$(endpoint_key "$o" "$ri" "$i")" \
-      "{\"clusterName\":\"kind-$o\",\"region\":\"$o\",\"zone\":\"$o-1\",\"port\":8080,\"run\":\"$run_id\",\"i\":$i}" >/dev/null \
-      || fail "etcdctl put into aether-$o's registry etcd"
-  done
-  t_last=$(now_ms)
-  got=$(count_of "$o" "/aether/v1/regions/$o/clusters/kind-$o/")
-  [[ $got == "$N_KEYS" ]] || fail "aether-$o holds $got of the $N_KEYS keys just put"
-  say "put $N_KEYS endpoint keys into aether-$o in $(secs $((t_last - t))) s"
-  wait_copy "$o" "$p" "$N_KEYS keys of $o visible, verbatim, in aether-$p" \
-    || fail "$o's $N_KEYS keys not all in aether-$p within $PROPAGATION_TIMEOUT s"
-  done_ms=$(now_ms)
-  record "propagation $o -> $p: $N_KEYS puts, first put to all visible" "$(secs $((done_ms - t))) s"
-  record "propagation $o -> $p: last put to all visible" "$(secs $((done_ms - t_last))) s"
-
-  phase="deletes $o -> $p"
-  t=$(now_ms)
-  for ((i = 0; i < N_DELETE; i++)); do
-    ectl "$o" del "$(endpoint_key "$o" "$ri" $((i * N_KEYS / N_DELETE)))" >/dev/null || fail "etcdctl del on aether-$o"
-  done
-  t_last=$(now_ms)
-  got=$(count_of "$o" "/aether/v1/regions/$o/clusters/kind-$o/")
-  [[ $got == $((N_KEYS - N_DELETE)) ]] || fail "aether-$o holds $got keys after deleting $N_DELETE of $N_KEYS"
-  wait_copy "$o" "$p" "$N_DELETE deletes of $o gone from aether-$p" \
-    || fail "$N_DELETE deleted keys of $o not gone from aether-$p within $PROPAGATION_TIMEOUT s"
-  record "deletes $o -> $p: last delete to gone" "$(secs $(($(now_ms) - t_last))) s"
-done
+# The step itself is Rust, the same code the local e2e runs (e2e/src/scenarios.rs, data_path):
+# N_KEYS endpoint keys put into each region under clusters/kind-<region>/ appear verbatim on the
+# other, N_DELETE of them deleted disappear; N_KEYS - N_DELETE stay (the recovery counts them).
+run_id=$(date +%s)   # marks this run's writes in the steps below
+phase="data path a -> b and b -> a (e2e/tests/kind.rs: data_path_both_ways)"
+out=$(cd "$root" && AETHER_KIND_FED_DIR=$fed_dir AETHER_KIND_ETCD_NODEPORT=$NODEPORT AETHER_E2E_KEYS=$N_KEYS \
+  AETHER_E2E_DELETE=$N_DELETE AETHER_E2E_PROPAGATION_TIMEOUT=$PROPAGATION_TIMEOUT \
+  "${CARGO:-cargo}" test -q -p aether-e2e --test kind -- --ignored --exact data_path_both_ways --nocapture 2>&1) \
+  || { echo "$out" >&2; show_difference a b; show_difference b a; fail "the data path (e2e/tests/kind.rs, its output above)"; }
+while IFS= read -r line; do
+  line=${line#time: }
+  record "${line% = *}" "${line##* = }"
+done < <(grep '^time: ' <<<"$out")
 
 # --- 5. Leader handoffs in a: graceful, then forced -------------------------------------------------
 o=a p=b
