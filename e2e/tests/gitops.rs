@@ -38,6 +38,8 @@ struct View {
     phase: String,
     /// Each resource not Synced or not Healthy: "Kind/name sync health: message".
     unwell: Vec<String>,
+    /// The Application's conditions (why it cannot compare or sync): "type: message".
+    conditions: Vec<String>,
 }
 
 impl View {
@@ -65,7 +67,12 @@ impl View {
                     .collect()
             })
             .unwrap_or_default();
+        let conditions = status["conditions"]
+            .as_array()
+            .map(|all| all.iter().map(|c| format!("{}: {}", text(&c["type"]), text(&c["message"]))).collect())
+            .unwrap_or_default();
         View {
+            conditions,
             sync: text(&status["sync"]["status"]),
             revision: text(&status["sync"]["revision"]),
             health: text(&status["health"]["status"]),
@@ -77,7 +84,7 @@ impl View {
     fn line(&self) -> String {
         let revision: String = self.revision.chars().take(8).collect();
         let mut line = format!("{}/{} at {revision}, operation {}", self.sync, self.health, self.phase);
-        for r in &self.unwell {
+        for r in self.conditions.iter().chain(&self.unwell) {
             line.push_str(&format!("\n      {r}"));
         }
         line
@@ -85,6 +92,24 @@ impl View {
 
     fn settled_at(&self, revision: &str) -> bool {
         self.sync == "Synced" && self.health == "Healthy" && self.revision == revision && self.phase == "Succeeded"
+    }
+}
+
+/// What a wait saw.
+struct Waited {
+    view: View,
+    seconds: f64,
+    /// The first view on the way that was Degraded, with when.
+    degraded: Option<String>,
+}
+
+impl Waited {
+    /// Fails when Argo CD showed Degraded on the way: a deploy, a rollout, a change is progress.
+    fn never_degraded(self, what: &str) -> anyhow::Result<f64> {
+        match self.degraded {
+            Some(view) => anyhow::bail!("{what}: Argo CD showed Degraded on the way: {view}"),
+            None => Ok(self.seconds),
+        }
     }
 }
 
@@ -155,10 +180,11 @@ impl Gitops {
     }
 
     /// Polls Argo CD's view until `done`, printing each view it passes through with the time;
-    /// the last view and the seconds it took.
-    async fn wait(&self, what: &str, deadline: Duration, done: impl Fn(&View) -> bool) -> anyhow::Result<(View, f64)> {
+    /// the last view, the seconds it took, and the first Degraded view on the way.
+    async fn wait(&self, what: &str, deadline: Duration, done: impl Fn(&View) -> bool) -> anyhow::Result<Waited> {
         let start = Instant::now();
         let mut last = None;
+        let mut degraded = None;
         loop {
             // An API server that does not answer for a moment is no verdict: asked again.
             let Ok(view) = self.view().await else {
@@ -166,6 +192,9 @@ impl Gitops {
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 continue;
             };
+            if degraded.is_none() && view.as_ref().is_some_and(|v| v.health == "Degraded") {
+                degraded = view.as_ref().map(|v| format!("+{:.1} s: {}", start.elapsed().as_secs_f64(), v.line()));
+            }
             if view != last {
                 println!(
                     "gitops: {what}: +{:.1} s: {}",
@@ -175,7 +204,7 @@ impl Gitops {
                 last = view.clone();
             }
             if let Some(view) = view.filter(|v| done(v)) {
-                return Ok((view, start.elapsed().as_secs_f64()));
+                return Ok(Waited { view, seconds: start.elapsed().as_secs_f64(), degraded });
             }
             anyhow::ensure!(
                 start.elapsed() < deadline,
@@ -285,7 +314,7 @@ async fn first_sync(g: &Gitops) -> anyhow::Result<()> {
     let revision = g.commit("the chart and the region's RegionPeering");
     write_endpoints(g, 50).await?;
     g.apps.create(&PostParams::default(), &application(&env("GITOPS_REPO_IN_CLUSTER"))).await?;
-    let (_, took) = g.wait("first sync", SYNC, |v| v.settled_at(&revision)).await?;
+    let took = g.wait("first sync", SYNC, |v| v.settled_at(&revision)).await?.never_degraded("the first sync")?;
     g.copies_whole(COPY).await?;
     println!("gitops: first sync: Synced/Healthy {took:.1} s after the Application; the copy whole on {:?}", g.peers);
     Ok(())
@@ -321,7 +350,7 @@ async fn change_committed(g: &mut Gitops) -> anyhow::Result<()> {
         anyhow::bail!("{}", reading.await?);
     }
     reading.abort();
-    let (_, took) = waited?;
+    let took = waited?.never_degraded("the TTL change")?;
     let rp = peering(&g.kind, &g.region).await?;
     anyhow::ensure!(rp.spec.lease.ttl_seconds == 45, "the RegionPeering's TTL is {}", rp.spec.lease.ttl_seconds);
     g.copies_whole(COPY).await?;
@@ -366,10 +395,10 @@ async fn peer_fault(g: &mut Gitops) -> anyhow::Result<()> {
     };
     let degraded = g.wait(&format!("{peer}'s etcd stopped"), SYNC, named).await;
     etcds.patch("registry-etcd", &PatchParams::default(), &Patch::Merge(scale(1))).await?;
-    let (view, took) = degraded?;
-    println!("gitops: {peer}'s etcd stopped: Degraded after {took:.1} s: {}", view.line());
-    let (_, took) =
-        g.wait(&format!("{peer}'s etcd back"), SYNC, |v| v.sync == "Synced" && v.health == "Healthy").await?;
+    let degraded = degraded?;
+    println!("gitops: {peer}'s etcd stopped: Degraded after {:.1} s: {}", degraded.seconds, degraded.view.line());
+    let back = g.wait(&format!("{peer}'s etcd back"), SYNC, |v| v.sync == "Synced" && v.health == "Healthy").await?;
+    let took = back.seconds;
     g.copies_whole(COPY).await?;
     println!("gitops: {peer}'s etcd back: Healthy after {took:.1} s; the copy whole");
     Ok(())
@@ -459,13 +488,13 @@ async fn upgrade_reverted(g: &mut Gitops) -> anyhow::Result<()> {
     let rolled = async {
         g.set(&["image", "tag"], new_tag.clone().into());
         let revision = g.commit(&format!("operator {new_tag}"));
-        let (_, up) = g.wait("the upgrade", SYNC, |v| v.settled_at(&revision)).await?;
+        let up = g.wait("the upgrade", SYNC, |v| v.settled_at(&revision)).await?.never_degraded("the upgrade")?;
         aether_harness::wait_until(&format!("every operator pod on {new_image}"), SYNC, || operator_on(g, &new_image))
             .await?;
         g.git(&["revert", "--no-edit", "HEAD"]);
         g.git(&["push", "-q", &g.push_to, "main"]);
         let revision = g.git(&["rev-parse", "HEAD"]);
-        let (_, back) = g.wait("the revert", SYNC, |v| v.settled_at(&revision)).await?;
+        let back = g.wait("the revert", SYNC, |v| v.settled_at(&revision)).await?.never_degraded("the revert")?;
         aether_harness::wait_until(&format!("every operator pod on {old_image}"), SYNC, || operator_on(g, &old_image))
             .await?;
         anyhow::Ok((up, back))

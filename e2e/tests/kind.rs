@@ -22,7 +22,7 @@ async fn data_path_both_ways() {
         let took = data_path(&kind, origin, peer, &format!("kind-{origin}"), n, deletes, deadline)
             .await
             .unwrap_or_else(|e| panic!("{origin} -> {peer}: {e:#}"));
-        let seconds = |d: Duration| format!("{:.1} s", d.as_secs_f64());
+        let seconds = |d: Duration| format!("{:.2} s", d.as_secs_f64());
         println!(
             "time: propagation {origin} -> {peer}: {n} puts, first put to all visible = {}",
             seconds(took.first_put_to_visible)

@@ -10,14 +10,18 @@ Argo CD's view from the Application's status, which the controller writes).
 Changed:
   * every quay.io/argoproj/argocd image -> IMAGE with imagePullPolicy Never;
   * redis runs from IMAGE too (Debian's redis-server is in it), as `redis-server` with upstream's args;
+  * argocd-cmd-params-cm: controller.resource.health.persist (Argo CD 3 keeps resource health out
+    of the Application's status unless asked);
   * argocd-cm: the reconciliation every RECONCILE without jitter (a commit shows within it), and
     the project's health checks (--health GROUP_KIND=FILE), as docs/operating.md installs them;
-  * an AppProject "default" (argocd-server creates it; without the server nobody does).
+  * an AppProject "default" and argocd-secret's server.secretkey (argocd-server makes both at its
+    first start; without the server nobody does).
 
 usage: manifest.py --install install.yaml --image REF --out OUT.yaml
                    [--health GROUP_KIND=FILE.lua ...] [--reconcile 10s]
 """
 import argparse
+import secrets
 import sys
 
 import yaml
@@ -53,6 +57,14 @@ def main():
                 else:
                     sys.exit(f"manifest.py: unexpected image {image} in {kind}/{name}")
                 c["imagePullPolicy"] = "Never"
+        if kind == "Secret" and name == "argocd-secret":
+            # argocd-server writes the key it signs with at its first start; without the server,
+            # the controller refuses every Application ("server.secretkey is missing").
+            d.setdefault("stringData", {})["server.secretkey"] = secrets.token_urlsafe(32)
+        if kind == "ConfigMap" and name == "argocd-cmd-params-cm":
+            # Argo CD 3 keeps each resource's health out of the Application's status (in redis, for
+            # argocd-server's API); the scenarios read Argo CD's view from that status.
+            d["data"] = {**(d.get("data") or {}), "controller.resource.health.persist": "true"}
         if kind == "ConfigMap" and name == "argocd-cm":
             data = d.get("data") or {}
             data["timeout.reconciliation"] = a.reconcile

@@ -201,7 +201,7 @@ fn ready(f: &Facts) -> Verdict {
         .iter()
         .filter(|p| !obs.peers.iter().any(|h| h.peer == p.region && f.ready_peer(h)))
         .map(|p| match obs.peers.iter().find(|h| h.peer == p.region) {
-            None => format!("{}: not running", p.region),
+            None => format!("{}: not running yet (its worker is starting)", p.region),
             Some(h) if h.phase == Phase::Queued => format!(
                 "{}: Queued (its full sync waits for the region's other syncs to end: {} run at once)",
                 p.region,
@@ -228,7 +228,10 @@ fn ready(f: &Facts) -> Verdict {
         let message = h.last_error.clone().unwrap_or_default();
         return verdict(false, reason, format!("{}: {message}; {}", h.peer, not_ready.join("; ")));
     }
-    let reason = if obs.peers.iter().any(|h| !h.synced) { "PeerNotSynced" } else { "PeerNotReady" };
+    // A peer whose worker has not reported yet is starting (a new leader, a rollout): progress,
+    // as a sync is, not a peer that fails to keep up.
+    let starting = spec.peers.iter().any(|p| !obs.peers.iter().any(|h| h.peer == p.region));
+    let reason = if starting || obs.peers.iter().any(|h| !h.synced) { "PeerNotSynced" } else { "PeerNotReady" };
     verdict(false, reason, not_ready.join("; "))
 }
 
@@ -597,6 +600,24 @@ mod tests {
         assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "PeerNotSynced"));
         assert!(ready.message.contains("c: Queued (its full sync waits"), "{}", ready.message);
         assert!(!ready.message.contains("b:"), "{}", ready.message);
+    }
+
+    /// A leader that has just started (a rollout, a handoff, the first install) has workers that
+    /// have not reported yet: that is progress, not a fault (Argo CD reads PeerNotReady as
+    /// Degraded, PeerNotSynced as Progressing).
+    #[test]
+    fn a_peer_whose_worker_has_not_reported_yet_is_syncing_not_failing() {
+        let now = SystemTime::now();
+        let spec = spec(&["b", "c"]);
+        let status = compute(None, &observe(&spec, vec![], now));
+        let ready = get(&status, READY);
+        assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "PeerNotSynced"), "{}", ready.message);
+        assert!(ready.message.contains("b: not running yet (its worker is starting)"), "{}", ready.message);
+        // One reported and watching, the other not yet: still starting.
+        let status = compute(None, &observe(&spec, vec![healthy("b", now)], now));
+        let ready = get(&status, READY);
+        assert_eq!(ready.reason, "PeerNotSynced", "{}", ready.message);
+        assert!(ready.message.starts_with("c: not running yet") && !ready.message.contains("b:"), "{}", ready.message);
     }
 
     #[test]
