@@ -5,7 +5,8 @@
 # (hack/kind/e2e.sh). The soak tests (minutes at the CRD defaults, mostly waiting: 25 s partitions,
 # 16k leases held for three TTLs, ten idle minutes, eight origins syncing into a peer held to 3 %
 # of a core) run beside the 3.4 pass, the e2e, the image's
-# test and the kind e2e instead of after them, once the image's release builds are done; their
+# test and the kind e2e instead of after them, once the image's release builds are done (one, whose
+# peer renews 2 s leases too slowly, alone at the end); their
 # output is printed when they end.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -63,7 +64,12 @@ soak_log=$(mktemp -t aether-soak.XXXXXX)
 overload_log=$(mktemp -t aether-overload.XXXXXX)
 day_two_log=$(mktemp -t aether-day-two.XXXXXX)
 started=$SECONDS
-"$cargo" test -p aether-operator --test soak -- --ignored --test-threads=7 >"$soak_log" 2>&1 &
+# One soak test is kept out of the crowd and runs alone at the end: a_layout_one_follower_... gives
+# the peer 2 s leases and asserts what the operator says when the *peer* renews too slowly; with
+# every suite starting its etcds at once the test's own process was starved past the 2 s TTL
+# before its first keepalive round could be measured (it then measured the machine, not the peer).
+alone=a_layout_one_follower_cannot_renew_in_time_is_reported_before_any_lease_lapses
+"$cargo" test -p aether-operator --test soak -- --ignored --test-threads=7 --skip "$alone" >"$soak_log" 2>&1 &
 soak=$!
 # The day-two scenarios at the CRD defaults (control-plane outages, bad changes held for three
 # TTLs): the operator binary against real API servers, mostly waiting.
@@ -117,6 +123,9 @@ if ! wait "$day_two"; then
   failed+=("the day-two scenarios at the defaults")
 fi
 took "the soak tests' rest"
+"$cargo" test -p aether-operator --test soak -- --ignored --exact "$alone" >>"$soak_log" 2>&1 ||
+  failed+=("soak: $alone (alone)")
+took "the soak test that runs alone ($alone)"
 trap - EXIT
 echo "--- soak tests ($((SECONDS - started)) s) ---"
 cat "$soak_log" "$overload_log" "$day_two_log"

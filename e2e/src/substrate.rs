@@ -28,6 +28,7 @@ impl Substrate for Federation {
 
 /// The kind clusters `hack/kind/federation.sh up` made: a context `kind-aether-<region>` in its
 /// kubeconfig, and each region's registry etcd on its node's NodePort over mTLS, as root.
+#[derive(Clone)]
 pub struct KindFederation {
     dir: PathBuf,
     nodeport: u16,
@@ -84,7 +85,11 @@ impl Substrate for KindFederation {
 
 /// `origin`'s subtree as `region`'s registry etcd holds it: key to value.
 pub async fn subtree(sub: &impl Substrate, region: &str, origin: &str) -> anyhow::Result<BTreeMap<Vec<u8>, Vec<u8>>> {
-    let mut client = sub.registry(region).await?;
+    subtree_through(&mut sub.registry(region).await?, origin).await
+}
+
+/// `origin`'s subtree as the etcd behind `client` holds it (a reader polling keeps its client).
+pub async fn subtree_through(client: &mut Client, origin: &str) -> anyhow::Result<BTreeMap<Vec<u8>, Vec<u8>>> {
     let response = client.get(keys::region_prefix(origin), Some(GetOptions::new().with_prefix())).await?;
     Ok(response.kvs().iter().map(|kv| (kv.key().to_vec(), kv.value().to_vec())).collect())
 }

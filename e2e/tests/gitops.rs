@@ -14,7 +14,7 @@
 //!   AETHER_GITOPS_UPGRADE_TAG             an operator image tag loaded in the cluster, to upgrade to
 //!   AETHER_E2E_SCENARIOS                  the scenarios to run, by name (all by default)
 use aether_e2e::NAMESPACE;
-use aether_e2e::substrate::{KindFederation, Substrate, peering, subtree, wait_copy_whole};
+use aether_e2e::substrate::{KindFederation, Substrate, peering, subtree, subtree_through, wait_copy_whole};
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -344,7 +344,7 @@ async fn change_committed(g: &mut Gitops) -> anyhow::Result<()> {
     let before = subtree(&g.kind, &peer, &g.region).await?;
     g.set(&["regionPeering", "lease", "ttlSeconds"], 45.into());
     let revision = g.commit("lease TTL 30 -> 45 s");
-    let reading = tokio::spawn(first_key_missing(KindFederation::from_env()?, g.region.clone(), peer.clone(), before));
+    let reading = tokio::spawn(first_key_missing(g.kind.clone(), g.region.clone(), peer.clone(), before));
     let waited = g.wait("the TTL change", SYNC, |v| v.settled_at(&revision)).await;
     if reading.is_finished() {
         anyhow::bail!("{}", reading.await?);
@@ -367,8 +367,19 @@ async fn first_key_missing(
     peer: String,
     before: BTreeMap<Vec<u8>, Vec<u8>>,
 ) -> String {
+    let mut client = None;
     loop {
-        if let Ok(now) = subtree(&kind, &peer, &origin).await {
+        if client.is_none() {
+            client = kind.registry(&peer).await.ok();
+        }
+        let read = match client.as_mut() {
+            Some(c) => subtree_through(c, &origin).await,
+            None => Err(anyhow::anyhow!("{peer}'s etcd not reachable")),
+        };
+        if read.is_err() {
+            client = None;
+        }
+        if let Ok(now) = read {
             let missing: Vec<_> = before
                 .keys()
                 .filter(|k| !now.contains_key(*k))
@@ -482,8 +493,8 @@ async fn upgrade_reverted(g: &mut Gitops) -> anyhow::Result<()> {
     let peer = g.peers[0].clone();
     let before = subtree(&g.kind, &peer, &g.region).await?;
     let tally = std::sync::Arc::new(std::sync::Mutex::new((0u64, 0u64)));
-    let writer = tokio::spawn(write_load(KindFederation::from_env()?, g.region.clone(), 100, tally.clone()));
-    let reading = tokio::spawn(first_key_missing(KindFederation::from_env()?, g.region.clone(), peer.clone(), before));
+    let writer = tokio::spawn(write_load(g.kind.clone(), g.region.clone(), 100, tally.clone()));
+    let reading = tokio::spawn(first_key_missing(g.kind.clone(), g.region.clone(), peer.clone(), before));
     let start = Instant::now();
     let rolled = async {
         g.set(&["image", "tag"], new_tag.clone().into());
