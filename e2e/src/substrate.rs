@@ -4,7 +4,9 @@ use crate::{Federation, NAMESPACE};
 use aether_operator::api::RegionPeering;
 use aether_operator::keys;
 use etcd_client::{Client, GetOptions};
-use kube::api::Api;
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -15,6 +17,40 @@ pub trait Substrate {
     fn registry(&self, region: &str) -> impl Future<Output = anyhow::Result<Client>>;
     /// A client of `region`'s Kubernetes API.
     fn kube(&self, region: &str) -> impl Future<Output = anyhow::Result<kube::Client>>;
+}
+
+/// The faults a scenario causes in a region: its operators and its registry etcd lost, as when a
+/// region goes away, and brought back.
+pub trait Faults: Substrate {
+    /// Takes every operator of `region` away as a lost region loses them (nothing revoked, nothing
+    /// released), returning once none runs.
+    fn lose_operators(&mut self, region: &str) -> impl Future<Output = anyhow::Result<()>>;
+    /// Stops `region`'s registry etcd, returning once it is gone.
+    fn lose_registry(&mut self, region: &str) -> impl Future<Output = anyhow::Result<()>>;
+    /// Starts `region`'s registry etcd again with its data, returning once it answers.
+    fn restore_registry(&mut self, region: &str) -> impl Future<Output = anyhow::Result<()>>;
+    /// Starts one operator of `region` again.
+    fn restore_operator(&mut self, region: &str) -> impl Future<Output = anyhow::Result<()>>;
+}
+
+impl Faults for Federation {
+    async fn lose_operators(&mut self, region: &str) -> anyhow::Result<()> {
+        let names: Vec<String> = self.operators.get(region).into_iter().flatten().map(|o| o.name.clone()).collect();
+        for name in names {
+            self.kill_operator(&name);
+        }
+        Ok(())
+    }
+    async fn lose_registry(&mut self, region: &str) -> anyhow::Result<()> {
+        self.region_mut(region).registry.kill();
+        Ok(())
+    }
+    async fn restore_registry(&mut self, region: &str) -> anyhow::Result<()> {
+        self.region_mut(region).registry.restart().await
+    }
+    async fn restore_operator(&mut self, region: &str) -> anyhow::Result<()> {
+        self.start_operator(region)
+    }
 }
 
 impl Substrate for Federation {
@@ -80,6 +116,69 @@ impl Substrate for KindFederation {
             kube::config::KubeConfigOptions { context: Some(format!("kind-aether-{region}")), ..Default::default() };
         let config = kube::Config::from_custom_kubeconfig(kubeconfig, &options).await?;
         Ok(kube::Client::try_from(config)?)
+    }
+}
+
+/// The chart's release in every kind region (hack/kind/e2e.sh installs it as `aether`).
+const KIND_RELEASE: &str = "aether";
+
+impl KindFederation {
+    /// `replicas` for the workload `name` of `region` (a Deployment or a StatefulSet), as `kubectl
+    /// scale` sets it.
+    async fn scale<K>(&self, region: &str, name: &str, replicas: i32) -> anyhow::Result<()>
+    where
+        K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
+            + Clone
+            + k8s_openapi::serde::de::DeserializeOwned
+            + std::fmt::Debug,
+    {
+        let api: Api<K> = Api::namespaced(self.kube(region).await?, NAMESPACE);
+        let patch = serde_json::json!({"spec": {"replicas": replicas}});
+        api.patch_scale(name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await?;
+        Ok(())
+    }
+}
+
+impl Faults for KindFederation {
+    /// The operator's Deployment scaled to 0 (SIGTERM: the operator revokes and releases nothing
+    /// of the mirror's), until none of its Pods is left.
+    async fn lose_operators(&mut self, region: &str) -> anyhow::Result<()> {
+        self.scale::<Deployment>(region, KIND_RELEASE, 0).await?;
+        let pods: Api<Pod> = Api::namespaced(self.kube(region).await?, NAMESPACE);
+        let operators = ListParams::default()
+            .labels(&format!("app.kubernetes.io/name=aether-operator,app.kubernetes.io/instance={KIND_RELEASE}"));
+        let (pods, operators) = (&pods, &operators);
+        let what = format!("no operator Pod left in {region}");
+        aether_harness::wait_until(&what, Duration::from_secs(60), || async move {
+            Ok(pods.list(operators).await?.items.is_empty())
+        })
+        .await
+    }
+    /// The registry etcd's StatefulSet scaled to 0, until its Pod is gone (its data stays on the node).
+    async fn lose_registry(&mut self, region: &str) -> anyhow::Result<()> {
+        self.scale::<StatefulSet>(region, "registry-etcd", 0).await?;
+        let pods: Api<Pod> = Api::namespaced(self.kube(region).await?, NAMESPACE);
+        let pods = &pods;
+        let what = format!("registry-etcd-0 gone from {region}");
+        aether_harness::wait_until(&what, Duration::from_secs(120), || async move {
+            Ok(pods.get_opt("registry-etcd-0").await?.is_none())
+        })
+        .await
+    }
+    async fn restore_registry(&mut self, region: &str) -> anyhow::Result<()> {
+        self.scale::<StatefulSet>(region, "registry-etcd", 1).await?;
+        let this = &*self;
+        let what = format!("{region}'s registry etcd answering");
+        aether_harness::wait_until(&what, Duration::from_secs(120), || async move {
+            Ok(match this.registry(region).await {
+                Ok(mut client) => client.status().await.is_ok(),
+                Err(_) => false,
+            })
+        })
+        .await
+    }
+    async fn restore_operator(&mut self, region: &str) -> anyhow::Result<()> {
+        self.scale::<Deployment>(region, KIND_RELEASE, 1).await
     }
 }
 

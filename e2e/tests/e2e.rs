@@ -1,6 +1,7 @@
 //! The multi-region scenario on local real parts, with two regions and then three: visibility,
 //! the data path, a leader handoff, the loss of a region and its recovery. Every step is checked
 //! through the RegionPeering status as well as through etcd.
+use aether_e2e::scenarios::{LossBounds, region_loss, region_recovery};
 use aether_e2e::{Federation, LEASE_TTL_SECONDS, endpoint_key, endpoint_value};
 use aether_harness::wait_until;
 use aether_operator::keys;
@@ -113,13 +114,30 @@ async fn scenario(names: &[&str]) {
         assert_eq!(fed.keys_of(r, "a").await.unwrap(), 200);
     }
 
-    // 4. Region loss: a's operators and a's registry etcd go away.
-    let a_operators: Vec<String> = fed.operators["a"].iter().map(|o| o.name.clone()).collect();
-    for op in a_operators {
-        fed.kill_operator(&op);
+    // 4. Region loss: a's operators and a's registry etcd go away; a's copy lapses on b within the
+    // lease's bounds and b reports a unreachable (the same step the kind e2e runs).
+    let bounds = LossBounds {
+        lapse_margin: Duration::from_secs(5),
+        refresh: Duration::from_secs(1), // the operators' --refresh-seconds here
+        status_margin: Duration::from_secs(10),
+    };
+    let loss = region_loss(&mut fed, "a", "b", &bounds).await.unwrap();
+    println!("region loss: {loss:?}");
+    for r in &names[1..] {
+        let r = *r;
+        wait_keys(&fed, r, "a", 0, "a's mirror expires").await;
+        fed.wait_condition(r, "PeersReachable", "False", WAIT).await.unwrap();
+        let status = fed.peering(r).await.unwrap().status.unwrap();
+        let a_peer = status.peers.iter().find(|p| p.region == "a").unwrap();
+        assert!(!a_peer.reachable);
+        // Their own mirrors are unaffected.
+        for other in names.iter().filter(|o| **o != "a" && **o != r) {
+            assert_eq!(fed.keys_of(other, r).await.unwrap(), 200, "{r}'s mirror in {other}");
+        }
+        assert_eq!(fed.keys_of(r, r).await.unwrap(), 200);
     }
     // Nobody refreshes a's status now: `status` says so, within a refresh and the Lease's
-    // duration, instead of reading its last words as healthy.
+    // duration of the operators going, instead of reading its last words as healthy.
     let args = with_contexts(&["status"]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     wait_until("status names a's status stale", Duration::from_secs(60 + 8 + 10), || {
@@ -139,34 +157,16 @@ async fn scenario(names: &[&str]) {
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/kubeconfig"), "{out:?}");
-    fed.region_mut("a").registry.kill();
-    for r in &names[1..] {
-        let r = *r;
-        wait_keys(&fed, r, "a", 0, "a's mirror expires").await;
-        fed.wait_condition(r, "PeersReachable", "False", WAIT).await.unwrap();
-        let status = fed.peering(r).await.unwrap().status.unwrap();
-        let a_peer = status.peers.iter().find(|p| p.region == "a").unwrap();
-        assert!(!a_peer.reachable);
-        // Their own mirrors are unaffected.
-        for other in names.iter().filter(|o| **o != "a" && **o != r) {
-            assert_eq!(fed.keys_of(other, r).await.unwrap(), 200, "{r}'s mirror in {other}");
-        }
-        assert_eq!(fed.keys_of(r, r).await.unwrap(), 200);
-    }
     let args = with_contexts(&["status"]);
     let (healthy, table) = fed.kubectl_plugin(&args.iter().map(String::as_str).collect::<Vec<_>>()).unwrap();
     assert!(!healthy, "status exits non-zero while a region is down:\n{table}");
     assert!(table.contains("not healthy") && table.contains("-> a"), "{table}");
 
-    // 5. Recovery: a comes back, resyncs and is Ready; the others see it reachable again.
-    fed.region_mut("a").registry.restart().await.unwrap();
-    fed.start_operator("a").unwrap();
-    fed.wait_condition("a", "Ready", "True", WAIT).await.unwrap();
+    // 5. Recovery: a comes back, resyncs and is Ready; the others reach it again (the same step the
+    // kind e2e runs).
+    region_recovery(&mut fed, "a", loss.own_keys, &names[1..], WAIT).await.unwrap();
     for r in &names[1..] {
-        let r = *r;
-        wait_keys(&fed, r, "a", 200, "a's mirror back").await;
-        fed.wait_condition(r, "PeersReachable", "True", WAIT).await.unwrap();
-        fed.wait_condition(r, "Ready", "True", WAIT).await.unwrap();
+        assert_eq!(fed.keys_of(r, "a").await.unwrap(), 200, "a's keys back in {r}");
     }
     let args = with_contexts(&["status", "--wait", "60"]);
     let (healthy, table) = fed.operator_cli(&args.iter().map(String::as_str).collect::<Vec<_>>()).unwrap();
