@@ -2,12 +2,12 @@
 # The suites of `make test` after the lints: unit, property and integration tests against real
 # etcd and kube-apiserver; the image (`make image`) and its test (the federation on the image's
 # binary); the mirror and lease suites again on etcd 3.4, the multi-region e2e and the kind e2e
-# (hack/kind/e2e.sh). The soak tests (minutes at the CRD defaults, mostly waiting: 25 s partitions,
-# 16k leases held for three TTLs, ten idle minutes, eight origins syncing into a peer held to 3 %
-# of a core) run beside the 3.4 pass, the e2e, the image's
-# test and the kind e2e instead of after them, once the image's release builds are done (one, whose
-# peer renews 2 s leases too slowly, alone at the end); their
-# output is printed when they end.
+# (hack/kind/e2e.sh). Once the image's release build is done, what mostly waits runs side by side:
+# the kind e2e (about fifteen minutes, its clusters mostly waiting on TTLs and rollouts), the soak
+# tests (minutes at the CRD defaults: 25 s partitions, 16k leases held for three TTLs, ten idle
+# minutes, eight origins syncing into a peer held to 3 % of a core; one, whose peer renews 2 s
+# leases too slowly, alone at the end) and the day-two scenarios, beside the 3.4 pass, the e2e,
+# the upgrade test and the image's test; each one's output is printed when it ends.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 cargo=${CARGO:-cargo}
@@ -30,14 +30,18 @@ took() {
 # fresh machine (about forty minutes, niced), meanwhile: the build and the tests leave it the CPU they do not use. Cached by version,
 # it is checked in seconds.
 kind=${AETHER_TEST_KIND:-1}
-kind_log=$(mktemp -t aether-kind-prep.XXXXXX)
+kind_log=$(mktemp -t aether-kind.XXXXXX)
+kind_prep_rc=$(mktemp -t aether-kind-prep-rc.XXXXXX)
 kind_prep=''
 # dockerd is stopped at the end again when this run started it (hack/kind/engine.sh records that).
 engine_mark=${AETHER_KIND_STATE_DIR:-/run/aether-federation}/dockerd.started-by-engine-sh
 engine_was_started=''
 [[ -f $engine_mark ]] && engine_was_started=1
 if [[ $kind == 1 ]]; then
-  { hack/kind/node-image.sh && hack/kind/images.sh && hack/argocd/build.sh; } >"$kind_log" 2>&1 &
+  {
+    hack/kind/node-image.sh && hack/kind/images.sh && hack/argocd/build.sh
+    echo $? >"$kind_prep_rc"
+  } >"$kind_log" 2>&1 &
   kind_prep=$!
 fi
 trap '[[ -n $kind_prep ]] && kill "$kind_prep" 2>/dev/null' EXIT
@@ -79,7 +83,23 @@ day_two=$!
 # overload soak at the defaults.
 "$cargo" test -p aether-operator --test overload -- --ignored >"$overload_log" 2>&1 &
 overload=$!
-trap 'kill "$soak" "$overload" "$day_two" 2>/dev/null; [[ -n $kind_prep ]] && kill "$kind_prep" 2>/dev/null' EXIT
+# The kind e2e (hack/kind/e2e.sh: the shipped image and chart on kind clusters built here, offline),
+# beside the suites below, as soon as its node image is ready (on a fresh machine the preparation
+# above may still run). AETHER_TEST_KIND=0 skips it (it needs root and a container engine).
+kind_e2e=''
+if [[ $kind == 1 ]] && $image_built; then
+  {
+    while kill -0 "$kind_prep" 2>/dev/null; do sleep 2; done
+    if [[ $(cat "$kind_prep_rc") == 0 ]]; then
+      "$make" e2e-kind
+    else
+      echo "make test: the kind e2e's node image (hack/kind/node-image.sh, hack/kind/images.sh, hack/argocd/build.sh) failed"
+      false
+    fi
+  } >>"$kind_log" 2>&1 &
+  kind_e2e=$!
+fi
+trap 'kill "$soak" "$overload" "$day_two" $kind_e2e 2>/dev/null; [[ -n $kind_prep ]] && kill "$kind_prep" 2>/dev/null' EXIT
 
 "$make" test-etcd34 || failed+=("the etcd 3.4 pass")
 took "the etcd 3.4 pass (beside the soak tests)"
@@ -92,23 +112,19 @@ if $image_built; then
 fi
 took "the image's test (beside the soak tests)"
 
-# The kind e2e (hack/kind/e2e.sh: the shipped image and chart on kind clusters built here, offline),
-# beside the soak tests' rest. AETHER_TEST_KIND=0 skips it (it needs root and a container engine).
-if [[ $kind == 1 ]]; then
-  if wait "$kind_prep"; then
-    kind_prep=''
-    cat "$kind_log"
-    "$make" e2e-kind || failed+=("the kind e2e")
-  else
-    kind_prep=''
-    cat "$kind_log"
-    failed+=("the kind e2e's node image (hack/kind/node-image.sh, hack/kind/images.sh, hack/argocd/build.sh)")
-  fi
-  took "the kind e2e (beside the soak tests)"
+if [[ -n $kind_e2e ]]; then
+  wait "$kind_e2e" || failed+=("the kind e2e")
+  kind_e2e=''
+  kind_prep=''
+  echo "--- the kind e2e ---"
+  cat "$kind_log"
+  took "the kind e2e's rest (it started beside the 3.4 pass)"
+elif [[ $kind == 1 ]]; then
+  failed+=("the kind e2e (not run: make image failed)")
 else
   echo "make test: the kind e2e SKIPPED (AETHER_TEST_KIND=$kind)" >&2
 fi
-rm -f "$kind_log"
+rm -f "$kind_log" "$kind_prep_rc"
 if [[ $kind == 1 && -z $engine_was_started && -f $engine_mark ]]; then
   hack/kind/engine.sh stop || failed+=("stopping the dockerd this run started (hack/kind/engine.sh stop)")
 fi

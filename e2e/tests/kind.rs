@@ -2,8 +2,9 @@
 //! (`cargo test -p aether-e2e --test kind -- --ignored --exact <step>`); the same steps run on
 //! local processes in e2e.rs. The environment: AETHER_KIND_FED_DIR (federation.sh's state),
 //! AETHER_E2E_KEYS and AETHER_E2E_DELETE (default 50 and 10), AETHER_E2E_PROPAGATION_TIMEOUT (s,
-//! default 120).
-use aether_e2e::scenarios::data_path;
+//! default 120); for the region loss AETHER_E2E_LAPSE_MARGIN, AETHER_E2E_STATUS_MARGIN,
+//! AETHER_E2E_REFRESH_SECONDS and AETHER_E2E_RECOVERY_TIMEOUT (5, 10, 5 and 180 s).
+use aether_e2e::scenarios::{LossBounds, data_path, region_loss, region_recovery};
 use aether_e2e::substrate::KindFederation;
 use std::time::Duration;
 
@@ -36,4 +37,43 @@ async fn data_path_both_ways() {
             seconds(took.last_delete_to_gone)
         );
     }
+}
+
+/// a goes away (its operator, then its registry etcd) and comes back, seen from b: a's copy lapses
+/// within the lease's bounds, b reports a unreachable and holding 0 keys; back, every copy whole
+/// and both Ready.
+#[tokio::test]
+#[ignore = "needs the kind clusters hack/kind/e2e.sh makes"]
+async fn region_loss_and_recovery() {
+    let mut kind = KindFederation::from_env().unwrap();
+    let bounds = LossBounds {
+        lapse_margin: Duration::from_secs(number("AETHER_E2E_LAPSE_MARGIN", 5)),
+        refresh: Duration::from_secs(number("AETHER_E2E_REFRESH_SECONDS", 5)),
+        status_margin: Duration::from_secs(number("AETHER_E2E_STATUS_MARGIN", 10)),
+    };
+    let loss = region_loss(&mut kind, "a", "b", &bounds).await.unwrap_or_else(|e| panic!("region loss: {e:#}"));
+    let seconds = |d: Duration| format!("{:.1} s", d.as_secs_f64());
+    println!(
+        "time: region loss: operator gone to a's copy gone from b (bound {}) = {}",
+        seconds(loss.lapse_bound),
+        seconds(loss.lapsed)
+    );
+    println!(
+        "time: region loss: a's etcd gone to regionpeering/b reporting a unreachable (bound {}) = {}",
+        seconds(loss.unreachable_bound),
+        seconds(loss.unreachable)
+    );
+    println!(
+        "time: region loss: a's copy gone to regionpeering/b inbound[a].keys = 0 = {}",
+        seconds(loss.inbound_zero)
+    );
+    let started = std::time::Instant::now();
+    let deadline = Duration::from_secs(number("AETHER_E2E_RECOVERY_TIMEOUT", 180));
+    region_recovery(&mut kind, "a", loss.own_keys, &["b"], deadline)
+        .await
+        .unwrap_or_else(|e| panic!("recovery: {e:#}"));
+    println!(
+        "time: recovery: a's etcd and operator scaled to 1 to both copies whole, both Ready, a reachable = {}",
+        seconds(started.elapsed())
+    );
 }

@@ -31,7 +31,8 @@
 #      token (kubectl create token), /metrics of the leader through kubectl port-forward and curl
 #      from this host: 200 with the operator's aether_federation_ families; no token 401, a bogus
 #      token 401, an unbound ServiceAccount's token 403;
-#   6. region loss: a's operator scaled to 0 and a's registry etcd (StatefulSet) scaled to 0; a's
+#   6. region loss (Rust, the local e2e's code: e2e/tests/kind.rs region_loss_and_recovery): a's
+#      operator scaled to 0 and a's registry etcd (StatefulSet) scaled to 0; a's
 #      copy on b must lapse within the lease TTL + keepalive interval + AETHER_E2E_LAPSE_MARGIN s of
 #      the operator's pods being gone, and regionpeering b must report a unreachable (PeersReachable
 #      False, peers[a].reachable false) and inbound[a].keys 0; then recovery: a's etcd and one
@@ -163,6 +164,7 @@ endpoint_key() { # REGION I: the v1 layout of operator/src/keys.rs
 }
 region_index() { case $1 in a) echo 1 ;; b) echo 2 ;; c) echo 3 ;; *) echo 9 ;; esac; }
 rp_field() { k "$1" -n "$NS" get regionpeering "$1" -o jsonpath="$2" 2>/dev/null; }
+rp_peer_of() { rp_field "$1" "{.status.peers[?(@.region==\"$2\")].$3}"; }   # REGION PEER FIELD
 ready_status() { rp_field "$1" '{.status.conditions[?(@.type=="Ready")].status}'; }
 rp_summary() { # REGION: what a person would look at
   k "$1" -n "$NS" get regionpeering "$1" -o jsonpath='leader={.status.leader} peersReady={.status.peersReady}{"\n"}{range .status.conditions[*]}  {.type}={.status} {.reason}: {.message}{"\n"}{end}{range .status.peers[*]}  peer {.region}: phase={.phase} reachable={.reachable} keys={.replication.keys} synced={.replication.synced} resyncs={.replication.resyncs} lag={.replication.lagSeconds}s/{.replication.lagRevisions}rev lastError={.lastError}{"\n"}{end}{range .status.inbound[*]}  inbound {.region}: keys={.keys} synced={.synced} leaseTtlRemaining={.leaseTtlRemainingSeconds}s{"\n"}{end}' 2>&1 || true
@@ -964,200 +966,48 @@ metrics_scrape() {
 metrics_scrape
 
 # --- 7. Region loss: a's operator and etcd stop; a's copy lapses on b; b's status ------------------
-# The operator revokes nothing when it stops (controllers/leader.rs, mirror/worker.rs): a's keys
-# on b lapse with their leases, at the latest the lease TTL after the last renewal, which was at most
-# a keepalive interval before the operator went away. Bound, from the moment the operator's pods are
-# gone: TTL + keepalive interval + AETHER_E2E_LAPSE_MARGIN (5 s). b's failure detector calls a
-# unreachable once no round trip to a's etcd succeeded for the acceptable pause
-# (spec.failureDetector, default 2 x keepalive, below the TTL); b's status shows it at its next
-# reconcile (--refresh-seconds): bound, from a's etcd pod gone, pause + refresh + AETHER_E2E_STATUS_MARGIN.
-rp_peer_of() { rp_field "$1" "{.status.peers[?(@.region==\"$2\")].$3}"; }
-rp_inbound_of() { rp_field "$1" "{.status.inbound[?(@.region==\"$2\")].$3}"; }
-rp_cond() { rp_field "$1" "{.status.conditions[?(@.type==\"$2\")].$3}"; }
-b_view_of_a() { # one line: what b's status says about a
-  echo "Ready=$(rp_cond "$p" Ready status)/$(rp_cond "$p" Ready reason)" \
-    "PeersReachable=$(rp_cond "$p" PeersReachable status)/$(rp_cond "$p" PeersReachable reason) '$(rp_cond "$p" PeersReachable message)'" \
-    "peers[$o]: phase=$(rp_peer_of "$p" "$o" phase) reachable=$(rp_peer_of "$p" "$o" reachable) keepaliveFailures=$(rp_peer_of "$p" "$o" keepalive.consecutiveFailures) lastError='$(rp_peer_of "$p" "$o" lastError)'" \
-    "inbound[$o]: keys=$(rp_inbound_of "$p" "$o" keys) synced=$(rp_inbound_of "$p" "$o" synced) leaseTtlRemaining=$(rp_inbound_of "$p" "$o" leaseTtlRemainingSeconds)" \
-    "inboundSummary='$(rp_field "$p" '{.status.inboundSummary}')' refreshed=$(rp_field "$p" '{.status.refreshedTime}')"
-}
-operator_pods() { k "$o" -n "$NS" get pods -l "app.kubernetes.io/name=aether-operator,app.kubernetes.io/instance=$RELEASE" -o name 2>/dev/null; }
-region_loss() {
+# The step itself is Rust, the same code the local e2e runs (e2e/src/scenarios.rs, region_loss and
+# region_recovery; e2e/tests/kind.rs, region_loss_and_recovery). a's Deployment, then its registry
+# etcd's StatefulSet, scaled to 0. The operator revokes nothing when it stops: a's keys on b lapse
+# with their leases, within the lease TTL + keepalive interval + AETHER_E2E_LAPSE_MARGIN (5 s) of
+# the operator's pods being gone. b's failure detector calls a unreachable once no round trip to
+# a's etcd succeeded for the acceptable pause, and b's status shows it at its next reconcile
+# (--refresh-seconds): within pause + refresh + AETHER_E2E_STATUS_MARGIN of a's etcd pod being
+# gone; inbound[a].keys 0 within a refresh + margin of the lapse. Then a's etcd and one operator
+# back: a's copy on b and b's on a whole again, both RegionPeerings Ready, a reachable.
+# Around it, here: `kubectl aether status` (the shipped plugin) healthy before, and polled in the
+# background from the step's start until it calls a STALE.
+region_loss_and_recovery() {
   phase="region loss ($o)"
-  local ttl ka pause refresh lapse_bound status_bound n_before fed_before
-  ttl=$(rp_field "$o" '{.spec.lease.ttlSeconds}') ka=$(rp_field "$o" '{.spec.lease.keepaliveIntervalSeconds}')
-  [[ -n $ttl && -n $ka ]] || fail "regionpeering/$o shows no spec.lease.ttlSeconds/keepaliveIntervalSeconds"
-  pause=$(rp_field "$p" '{.spec.failureDetector.acceptablePauseSeconds}' || true)
-  [[ -n $pause ]] || pause=$(((2 * ka < ttl - 1) ? 2 * ka : ttl - 1))
-  # Visible changes are patched at each reconcile, every --refresh-seconds (5 by default);
-  # status.refreshIntervalSeconds (60) is the heartbeat of an unchanged status only.
-  refresh=$(deploy_arg "$p" refresh-seconds || true); refresh=${refresh:-5}
-  lapse_bound=$((ttl + ka + LAPSE_MARGIN))
-  status_bound=$((pause + refresh + STATUS_MARGIN))
-  n_before=$(count_of "$p" "$pre")
-  fed_before=$(count_of "$p" "/aether/v1/federation/$o/")
-  ((n_before > 0)) || fail "aether-$p holds no key under $pre before the region loss"
-  say "region loss: aether-$p holds $n_before keys under $pre (and $fed_before under /aether/v1/federation/$o/); TTL ${ttl}s + keepalive ${ka}s + margin ${LAPSE_MARGIN}s = lapse bound ${lapse_bound}s; b's acceptable pause ${pause}s + refresh ${refresh}s + margin ${STATUS_MARGIN}s = status bound ${status_bound}s"
-  say "region loss: before, regionpeering/$p says of $o: $(b_view_of_a)"
   [[ -n $plugin_from ]] && aether_status_healthy && docs_verify
-  phase="region loss ($o)"
-  resync_events_before_loss=$(event_count ResyncStarted) || fail "reading the events of regionpeering/$o"
-
-  local t_scale t_gone t_etcd_scale t_etcd_gone='' t_lapsed='' t_unreachable='' t_inbound0='' start n b_view last_print=0 now
-  t_scale=$(now_ms)
-  k "$o" -n "$NS" scale "deployment/$RELEASE" --replicas=0 >/dev/null || fail "kubectl scale deployment/$RELEASE --replicas=0 in aether-$o"
-  start=$SECONDS
-  while [[ -n $(operator_pods) ]]; do
-    ((SECONDS - start < 60)) || fail "the operator's pods in aether-$o still exist 60 s after scaling to 0: $(operator_pods | tr '\n' ' ')"
-    sleep 0.25
-  done
-  t_gone=$(now_ms)
-  record "region loss: operator scaled to 0 until its pods were gone" "$(secs $((t_gone - t_scale))) s"
-  # kubectl aether status, in the background while the loss is polled below (no wait of its own).
+  phase="region loss and recovery ($o) (e2e/tests/kind.rs: region_loss_and_recovery)"
+  local refresh out rc=0
+  refresh=$(deploy_arg "$p" refresh-seconds || true); refresh=${refresh:-5}
   stale_watch_pid=''
   if [[ -n $plugin_from ]]; then
-    aether_status_watch_stale "$e2e_tmp" "$t_gone" &
+    aether_status_watch_stale "$e2e_tmp" "$(now_ms)" &
     stale_watch_pid=$!
   fi
-  t_etcd_scale=$(now_ms)
-  k "$o" -n "$NS" scale statefulset/registry-etcd --replicas=0 >/dev/null || fail "kubectl scale statefulset/registry-etcd --replicas=0 in aether-$o"
-
-  # Poll b's etcd (a's copy), a's etcd pod, and b's status, until all of it is seen or the bounds pass.
-  local deadline_ms=$((($(( lapse_bound > status_bound ? lapse_bound : status_bound )) + 20) * 1000))
-  while :; do
-    now=$(now_ms)
-    if [[ -z $t_etcd_gone ]] && ! k "$o" -n "$NS" get pod registry-etcd-0 >/dev/null 2>&1; then
-      t_etcd_gone=$now
-      say "region loss: registry-etcd-0 in aether-$o gone $(secs $((now - t_etcd_scale))) s after scaling to 0"
-    fi
-    if [[ -z $t_lapsed ]]; then
-      n=$(count_of "$p" "$pre" || true)
-      if [[ $n == 0 ]]; then
-        t_lapsed=$now
-        say "region loss: $pre gone from aether-$p $(secs $((now - t_gone))) s after the operator's pods were gone"
-      fi
-    fi
-    if [[ -z $t_unreachable && $(rp_cond "$p" PeersReachable status) == False && $(rp_peer_of "$p" "$o" reachable) == false ]]; then
-      t_unreachable=$now
-      say "region loss: regionpeering/$p reports $o unreachable $(secs $((now - ${t_etcd_gone:-$t_etcd_scale}))) s after a's etcd was gone: $(rp_cond "$p" PeersReachable reason): $(rp_cond "$p" PeersReachable message)"
-    fi
-    if [[ -z $t_inbound0 && $(rp_inbound_of "$p" "$o" keys) == 0 ]]; then
-      t_inbound0=$now
-      say "region loss: regionpeering/$p status.inbound[$o].keys = 0 $(secs $((now - t_gone))) s after the operator's pods were gone"
-    fi
-    [[ -n $t_etcd_gone && -n $t_lapsed && -n $t_unreachable && -n $t_inbound0 ]] && break
-    if ((now - last_print >= 5000)); then
-      last_print=$now
-      say "region loss: $(secs $((now - t_gone))) s: $pre on aether-$p: ${n:-0} keys; regionpeering/$p: $(b_view_of_a)"
-    fi
-    ((now - t_gone > deadline_ms)) && break
-    sleep 0.5
-  done
-  b_view=$(b_view_of_a)
-  say "region loss: regionpeering/$p now says of $o: $b_view"
+  out=$(cd "$root" && AETHER_KIND_FED_DIR=$fed_dir AETHER_KIND_ETCD_NODEPORT=$NODEPORT \
+    AETHER_E2E_LAPSE_MARGIN=$LAPSE_MARGIN AETHER_E2E_STATUS_MARGIN=$STATUS_MARGIN AETHER_E2E_REFRESH_SECONDS=$refresh \
+    AETHER_E2E_RECOVERY_TIMEOUT=$RECOVERY_TIMEOUT \
+    "${CARGO:-cargo}" test -q -p aether-e2e --test kind -- --ignored --exact region_loss_and_recovery --nocapture 2>&1) || rc=$?
+  grep -v '^time: ' <<<"$out" | sed 's/^/  /' >&2
+  while IFS= read -r line; do
+    line=${line#time: }
+    record "${line% = *}" "${line##* = }"
+  done < <(grep '^time: ' <<<"$out")
   if [[ -n $stale_watch_pid ]]; then
     aether_status_stale_check "$stale_watch_pid"
     stale_watch_pid=''
   fi
-  rp_summary "$p" >&2
-  [[ -n $t_etcd_gone ]] || fail "registry-etcd-0 in aether-$o still exists $(secs $(($(now_ms) - t_etcd_scale))) s after scaling the StatefulSet to 0"
-  if [[ -z $t_lapsed ]]; then
-    n=$(count_of "$p" "$pre" || true)
-    echo "e2e: $(secs $(($(now_ms) - t_gone))) s after a's operator was gone, aether-$p still holds $n keys under $pre; some of them, with their leases' remaining TTL:" >&2
-    ectl "$p" get --prefix "$pre" -w json | python3 -c '
-import base64, json, sys
-for kv in json.load(sys.stdin).get("kvs", [])[:5]:
-    print(base64.b64decode(kv["key"]).decode(), "%x" % kv.get("lease", 0))' | while read -r key lease; do
-      echo "  $key lease $lease: $(ectl "$p" lease timetolive "$lease" 2>&1 | head -n 1)" >&2
-    done
-    fail "a's copy on aether-$p did not lapse within $(secs $((deadline_ms))) s of a's operator going away (bound ${lapse_bound} s)"
+  if ((rc != 0)); then
+    rp_summary "$o" >&2; rp_summary "$p" >&2
+    fail "the region loss and recovery (e2e/tests/kind.rs, its output above)"
   fi
-  record "region loss: operator gone to $pre gone from $p (bound ${lapse_bound} s)" "$(secs $((t_lapsed - t_gone))) s"
-  ((t_lapsed - t_gone <= lapse_bound * 1000)) \
-    || fail "a's copy on aether-$p lapsed $(secs $((t_lapsed - t_gone))) s after a's operator was gone: over TTL ${ttl} + keepalive ${ka} + ${LAPSE_MARGIN} = ${lapse_bound} s"
-  say "ok: region loss: a's copy lapsed on aether-$p $(secs $((t_lapsed - t_gone))) s after the operator was gone (bound ${lapse_bound} s); $(count_of "$p" "/aether/v1/federation/$o/") keys remain under /aether/v1/federation/$o/ (were $fed_before)"
-  if [[ -z $t_unreachable ]]; then
-    fail "regionpeering/$p does not report $o unreachable (PeersReachable False, peers[$o].reachable false) within $(secs $((deadline_ms))) s of a's operator going away; it says: $b_view"
-  fi
-  record "region loss: a's etcd gone to regionpeering/$p reporting $o unreachable (bound ${status_bound} s)" "$(secs $((t_unreachable - t_etcd_gone))) s"
-  ((t_unreachable - t_etcd_gone <= status_bound * 1000)) \
-    || fail "regionpeering/$p reported $o unreachable $(secs $((t_unreachable - t_etcd_gone))) s after a's etcd was gone: over the pause ${pause} + refresh ${refresh} + ${STATUS_MARGIN} = ${status_bound} s"
-  if [[ -z $t_inbound0 ]]; then
-    fail "regionpeering/$p status.inbound[$o].keys is not 0 although a's copy is gone from aether-$p; it says: $b_view"
-  fi
-  record "region loss: operator gone to regionpeering/$p inbound[$o].keys = 0" "$(secs $((t_inbound0 - t_gone))) s"
-  ((t_inbound0 - t_lapsed <= (refresh + STATUS_MARGIN) * 1000)) \
-    || fail "regionpeering/$p's inbound[$o].keys reached 0 $(secs $((t_inbound0 - t_lapsed))) s after the copy was gone from aether-$p: more than a refresh (${refresh} s) + ${STATUS_MARGIN} s late"
-  say "ok: region loss: regionpeering/$p reports $o unreachable and holding 0 keys here; Ready=$(rp_cond "$p" Ready status) ($(rp_cond "$p" Ready reason))"
-  say "region loss: regionpeering/$o (nobody writes it now) still says: Ready=$(ready_status "$o") leader=$(rp_field "$o" '{.status.leader}') refreshed=$(rp_field "$o" '{.status.refreshedTime}')"
-}
-
-# Recovery: a's etcd back (its data and users survive on the node), the operator back at one
-# replica; a's keys reappear on b (keys and values), regionpeering a Ready under the new leader, b
-# reaches a again and its copy in a equals b's.
-region_recovery() {
-  phase="region recovery ($o)"
-  local t_etcd t_etcd_ok t_op start now t_a_ready='' t_a_copy='' t_b_ready='' t_b_copy='' leader last_print=0
-  t_etcd=$(now_ms)
-  k "$o" -n "$NS" scale statefulset/registry-etcd --replicas=1 >/dev/null || fail "kubectl scale statefulset/registry-etcd --replicas=1 in aether-$o"
-  start=$SECONDS
-  until [[ $(k "$o" -n "$NS" get pod registry-etcd-0 -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null) == True ]] \
-      && ectl "$o" endpoint health >/dev/null 2>&1; do
-    if ((SECONDS - start >= 120)); then
-      k "$o" -n "$NS" get pod registry-etcd-0 -o wide >&2 2>&1 || true
-      fail "registry-etcd-0 in aether-$o not Ready and answering within 120 s of scaling to 1; last health: $(ectl "$o" endpoint health 2>&1 | tail -n 1)"
-    fi
-    sleep 0.5
-  done
-  t_etcd_ok=$(now_ms)
-  record "recovery: a's etcd scaled to 1 to Ready and answering" "$(secs $((t_etcd_ok - t_etcd))) s"
-  local n_a; n_a=$(count_of "$o" "/aether/v1/regions/$o/clusters/kind-$o/")
-  [[ $n_a == $((N_KEYS - N_DELETE)) ]] || fail "a's etcd holds $n_a of its $((N_KEYS - N_DELETE)) test keys after the restart (the data should survive on the node)"
-  say "recovery: a's etcd holds its $n_a test keys again, and $(count_of "$o" "$(prefix_of "$p")") keys of $p's copy (etcd's leases do not run down while it is stopped)"
-  t_op=$(now_ms)
-  k "$o" -n "$NS" scale "deployment/$RELEASE" --replicas=1 >/dev/null || fail "kubectl scale deployment/$RELEASE --replicas=1 in aether-$o"
-  while :; do
-    now=$(now_ms)
-    if [[ -z $t_a_copy ]] && copy_equal "$o" "$p"; then
-      t_a_copy=$now; say "recovery: $o's keys back on aether-$p, verbatim, $(secs $((now - t_op))) s after scaling the operator to 1"
-    fi
-    if [[ -z $t_a_ready ]]; then
-      leader=$(holder || true)
-      if [[ -n $leader ]] && k "$o" -n "$NS" get pod "$leader" >/dev/null 2>&1 \
-          && [[ $(rp_field "$o" '{.status.leader}') == "$leader" && $(ready_status "$o") == True ]]; then
-        t_a_ready=$now; say "recovery: regionpeering/$o Ready under $leader $(secs $((now - t_op))) s after scaling the operator to 1"
-      fi
-    fi
-    if [[ -z $t_b_ready && $(ready_status "$p") == True && $(rp_cond "$p" PeersReachable status) == True ]]; then
-      t_b_ready=$now; say "recovery: regionpeering/$p Ready, $o reachable, $(secs $((now - t_etcd_ok))) s after a's etcd answered"
-    fi
-    if [[ -z $t_b_copy ]] && copy_equal "$p" "$o"; then
-      t_b_copy=$now; say "recovery: $p's copy in aether-$o equals $p's $(secs $((now - t_etcd_ok))) s after a's etcd answered"
-    fi
-    [[ -n $t_a_copy && -n $t_a_ready && -n $t_b_ready && -n $t_b_copy ]] && break
-    if ((now - last_print >= 10000)); then
-      last_print=$now
-      say "recovery: $(secs $((now - t_op))) s: regionpeering/$o: Ready=$(ready_status "$o") leader=$(rp_field "$o" '{.status.leader}') (Lease: $(holder || true)); $pre on aether-$p: $(count_of "$p" "$pre") keys; regionpeering/$p: $(b_view_of_a)"
-    fi
-    if ((now - t_op > RECOVERY_TIMEOUT * 1000)); then
-      echo "e2e: $RECOVERY_TIMEOUT s after scaling a's operator to 1: a's copy on b $([[ -n $t_a_copy ]] && echo equal || echo differs), regionpeering/$o Ready under a live leader: ${t_a_ready:+yes}, regionpeering/$p Ready: ${t_b_ready:+yes}, b's copy in a $([[ -n $t_b_copy ]] && echo equal || echo differs)" >&2
-      [[ -n $t_a_copy ]] || show_difference "$o" "$p"
-      [[ -n $t_b_copy ]] || show_difference "$p" "$o"
-      rp_summary "$o" >&2; rp_summary "$p" >&2
-      fail "region $o not recovered within $RECOVERY_TIMEOUT s of scaling its operator to 1"
-    fi
-    sleep 0.5
-  done
-  record "recovery: operator scaled to 1 to $o's keys back on $p" "$(secs $((t_a_copy - t_op))) s"
-  record "recovery: operator scaled to 1 to regionpeering/$o Ready" "$(secs $((t_a_ready - t_op))) s"
-  record "recovery: a's etcd answering to regionpeering/$p Ready ($o reachable)" "$(secs $((t_b_ready - t_etcd_ok))) s"
-  record "recovery: a's etcd answering to $p's copy in $o equal" "$(secs $((t_b_copy - t_etcd_ok))) s"
-  local resync_events_after; resync_events_after=$(event_count ResyncStarted) || true
-  say "recovery: ResyncStarted events of regionpeering/$o: $resync_events_before_loss before the loss, $resync_events_after now (the lapsed leases call for a full sync)"
   rp_summary "$o" >&2; rp_summary "$p" >&2
 }
-region_loss
-region_recovery
+region_loss_and_recovery
 
 # --- 8. Upgrade of region a under load, then rollback ------------------------------------------------
 # The "new version" is the same operator binary re-tagged: make image's OCI archive with a label
