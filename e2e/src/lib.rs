@@ -46,6 +46,9 @@ pub struct Federation {
     pub regions: Vec<Region>,
     /// Operator processes by region name.
     pub operators: BTreeMap<String, Vec<Operator>>,
+    /// Operators frozen by `pause_operator`, out of their region's list: killed with the
+    /// federation, never woken (a woken one would run its shutdown as if it still led).
+    frozen: Vec<Operator>,
     dir: tempfile::TempDir,
 }
 
@@ -61,6 +64,7 @@ impl Federation {
         Ok(Federation {
             regions,
             operators: BTreeMap::new(),
+            frozen: Vec::new(),
             dir: tempfile::Builder::new().prefix("aether-federation-").tempdir()?,
         })
     }
@@ -142,6 +146,18 @@ impl Federation {
         for ops in self.operators.values_mut() {
             if let Some(op) = ops.iter_mut().find(|o| o.name == name) {
                 op.process.terminate();
+            }
+        }
+    }
+
+    /// SIGSTOP of one operator (by name): frozen, it renews and releases nothing until it is
+    /// killed with the federation; its region no longer counts it.
+    pub fn pause_operator(&mut self, name: &str) {
+        for ops in self.operators.values_mut() {
+            if let Some(at) = ops.iter().position(|o| o.name == name) {
+                let op = ops.remove(at);
+                op.process.pause();
+                self.frozen.push(op);
             }
         }
     }

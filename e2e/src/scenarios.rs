@@ -1,6 +1,8 @@
 //! Scenario steps written once, run on every substrate: the local processes (`make e2e`,
 //! e2e/tests/e2e.rs) and the kind clusters (`make e2e-kind`, e2e/tests/kind.rs, which
 //! hack/kind/e2e.sh runs by name).
+pub mod handoff;
+
 use crate::substrate::{Faults, Substrate, subtree, wait_copy_whole};
 use aether_operator::keys;
 use etcd_client::GetOptions;

@@ -19,9 +19,51 @@ pub trait Substrate {
     fn kube(&self, region: &str) -> impl Future<Output = anyhow::Result<kube::Client>>;
 }
 
+/// How a region's leader goes away.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaderLoss {
+    /// Stopped as a rolling update or a drain stops it (SIGTERM; on kind its Pod deleted): it
+    /// releases the leader Lease and revokes nothing of the mirror's.
+    Graceful,
+    /// On kind its Pod force-deleted (`--force --grace-period=0`): a replacement starts while the
+    /// old container may still run, given the kubelet's 2 s minimum after its SIGTERM. Locally, as
+    /// there is no Pod object to remove at once, a SIGTERM as for `Graceful`.
+    Forced,
+    /// SIGKILL, as an OOM kill or a node's crash: nothing released, nothing revoked. On kind the
+    /// kubelet restarts the container in its Pod under the same identity; locally nothing does.
+    Crashed,
+    /// Frozen (SIGSTOP), as a leader behind a lost node: it renews nothing and releases nothing,
+    /// and the standby must wait its Lease out. On kind its Pod is then force-deleted, so nothing
+    /// restarts it; locally it stays frozen until the federation is torn down.
+    Lost,
+}
+
+impl std::fmt::Display for LeaderLoss {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LeaderLoss::Graceful => "graceful handoff",
+            LeaderLoss::Forced => "forced handoff",
+            LeaderLoss::Crashed => "crash of the leader",
+            LeaderLoss::Lost => "loss of the leader",
+        })
+    }
+}
+
 /// The faults a scenario causes in a region: its operators and its registry etcd lost, as when a
-/// region goes away, and brought back.
+/// region goes away, and brought back; its leader lost while a standby runs.
 pub trait Faults: Substrate {
+    /// The name of the leader Lease the operators of a region elect their leader with (in
+    /// [`NAMESPACE`]).
+    fn leader_lease(&self) -> String {
+        "aether-operator-leader".to_string()
+    }
+    /// Takes `leader` (an operator of `region`, by identity) away as `how` says, returning once
+    /// the loss is done (the signal sent, the Pod deleted), not once anyone noticed it.
+    fn lose_leader(&mut self, region: &str, leader: &str, how: LeaderLoss) -> impl Future<Output = anyhow::Result<()>>;
+    /// Returns once `region` runs its operators as configured, a standby beside the leader (on
+    /// kind, the Deployment's replicas all Ready; locally, a second operator started if the last
+    /// loss left one).
+    fn await_standby(&mut self, region: &str) -> impl Future<Output = anyhow::Result<()>>;
     /// Takes every operator of `region` away as a lost region loses them (nothing revoked, nothing
     /// released), returning once none runs.
     fn lose_operators(&mut self, region: &str) -> impl Future<Output = anyhow::Result<()>>;
@@ -34,6 +76,23 @@ pub trait Faults: Substrate {
 }
 
 impl Faults for Federation {
+    async fn lose_leader(&mut self, region: &str, leader: &str, how: LeaderLoss) -> anyhow::Result<()> {
+        let known = self.operators.get(region).is_some_and(|ops| ops.iter().any(|o| o.name == leader));
+        anyhow::ensure!(known, "{leader} is no operator of {region} here");
+        match how {
+            LeaderLoss::Graceful | LeaderLoss::Forced => self.stop_operator(leader),
+            LeaderLoss::Crashed => self.kill_operator(leader),
+            LeaderLoss::Lost => self.pause_operator(leader),
+        }
+        Ok(())
+    }
+    async fn await_standby(&mut self, region: &str) -> anyhow::Result<()> {
+        let running = self.operators.get(region).map_or(0, |ops| ops.iter().filter(|o| o.process.is_running()).count());
+        for _ in running..2 {
+            self.start_operator(region)?;
+        }
+        Ok(())
+    }
     async fn lose_operators(&mut self, region: &str) -> anyhow::Result<()> {
         let names: Vec<String> = self.operators.get(region).into_iter().flatten().map(|o| o.name.clone()).collect();
         for name in names {
@@ -139,7 +198,88 @@ impl KindFederation {
     }
 }
 
+/// The node container of a kind region (one node per cluster).
+fn kind_node(region: &str) -> String {
+    format!("aether-{region}-control-plane")
+}
+
+/// `docker exec` in a kind region's node: what it printed, or why it failed.
+fn in_node(region: &str, args: &[&str]) -> anyhow::Result<String> {
+    let out = std::process::Command::new("docker").arg("exec").arg(kind_node(region)).args(args).output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "docker exec {} {}: {}",
+        kind_node(region),
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 impl Faults for KindFederation {
+    async fn lose_leader(&mut self, region: &str, leader: &str, how: LeaderLoss) -> anyhow::Result<()> {
+        let pods: Api<Pod> = Api::namespaced(self.kube(region).await?, NAMESPACE);
+        let container = || async {
+            let pod = pods.get(leader).await?;
+            let id = pod
+                .status
+                .and_then(|s| s.container_statuses)
+                .into_iter()
+                .flatten()
+                .find(|c| c.name == "operator")
+                .and_then(|c| c.container_id)
+                .ok_or_else(|| anyhow::anyhow!("no running operator container in the leader Pod {leader}"))?;
+            anyhow::Ok(id.trim_start_matches("containerd://").to_string())
+        };
+        let forced = kube::api::DeleteParams { grace_period_seconds: Some(0), ..Default::default() };
+        match how {
+            LeaderLoss::Graceful => {
+                pods.delete(leader, &Default::default()).await?;
+            }
+            LeaderLoss::Forced => {
+                pods.delete(leader, &forced).await?;
+            }
+            LeaderLoss::Crashed => {
+                // SIGKILL straight to the container's process: no SIGTERM, so the leader Lease is not
+                // released and the mirror's leases are not touched.
+                let id = container().await?;
+                in_node(region, &["ctr", "-n", "k8s.io", "task", "kill", "--signal", "SIGKILL", &id])?;
+            }
+            LeaderLoss::Lost => {
+                // Every process of the container stopped (after a SIGKILL alone the kubelet restarts
+                // it under the same identity within seconds), then its Pod force-deleted: the
+                // kubelet's SIGTERM stays pending behind the stop, and nothing restarts a container
+                // of a deleted Pod.
+                let id = container().await?;
+                let listed = in_node(region, &["ctr", "-n", "k8s.io", "task", "ps", &id])?;
+                let pids: Vec<&str> = listed
+                    .lines()
+                    .skip(1)
+                    .filter_map(|l| l.split_whitespace().next())
+                    .filter(|p| p.chars().all(|c| c.is_ascii_digit()))
+                    .collect();
+                anyhow::ensure!(!pids.is_empty(), "ctr task ps {id} listed no process of {leader}'s operator");
+                in_node(region, &["sh", "-c", &format!("kill -STOP {}", pids.join(" "))])?;
+                pods.delete(leader, &forced).await?;
+            }
+        }
+        Ok(())
+    }
+    async fn await_standby(&mut self, region: &str) -> anyhow::Result<()> {
+        let deployments: Api<Deployment> = Api::namespaced(self.kube(region).await?, NAMESPACE);
+        let deployments = &deployments;
+        let what = format!("every replica of {region}'s operator Deployment Ready and current");
+        aether_harness::wait_until(&what, Duration::from_secs(120), || async move {
+            let deployment = deployments.get(KIND_RELEASE).await?;
+            let want = deployment.spec.and_then(|s| s.replicas).unwrap_or(1);
+            let status = deployment.status.unwrap_or_default();
+            Ok(want >= 2
+                && status.replicas == Some(want)
+                && status.ready_replicas == Some(want)
+                && status.updated_replicas == Some(want))
+        })
+        .await
+    }
     /// The operator's Deployment scaled to 0 (SIGTERM: the operator revokes and releases nothing
     /// of the mirror's), until none of its Pods is left.
     async fn lose_operators(&mut self, region: &str) -> anyhow::Result<()> {

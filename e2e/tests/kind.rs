@@ -3,9 +3,11 @@
 //! local processes in e2e.rs. The environment: AETHER_KIND_FED_DIR (federation.sh's state),
 //! AETHER_E2E_KEYS and AETHER_E2E_DELETE (default 50 and 10), AETHER_E2E_PROPAGATION_TIMEOUT (s,
 //! default 120); for the region loss AETHER_E2E_LAPSE_MARGIN, AETHER_E2E_STATUS_MARGIN,
-//! AETHER_E2E_REFRESH_SECONDS and AETHER_E2E_RECOVERY_TIMEOUT (5, 10, 5 and 180 s).
+//! AETHER_E2E_REFRESH_SECONDS and AETHER_E2E_RECOVERY_TIMEOUT (5, 10, 5 and 180 s); for the
+//! handoffs AETHER_E2E_FORCED_READY_BOUND and AETHER_E2E_HANDOFF_TIMEOUT (60 and 180 s).
+use aether_e2e::scenarios::handoff::{HandoffBounds, leader_handoff};
 use aether_e2e::scenarios::{LossBounds, data_path, region_loss, region_recovery};
-use aether_e2e::substrate::KindFederation;
+use aether_e2e::substrate::{Faults, KindFederation, LeaderLoss};
 use std::time::Duration;
 
 fn number(name: &str, default: u64) -> u64 {
@@ -76,4 +78,41 @@ async fn region_loss_and_recovery() {
         "time: recovery: a's etcd and operator scaled to 1 to both copies whole, both Ready, a reachable = {}",
         seconds(started.elapsed())
     );
+}
+
+/// a's leader goes away four ways while its standby runs (its Pod deleted, force-deleted, its
+/// process SIGKILLed, its processes frozen and its Pod force-deleted): b's copy of a keeps every
+/// key in every read and loses none for a lease TTL and a keepalive interval after each, and a
+/// worker that adopted the leases runs the mirror again without a full sync.
+#[tokio::test]
+#[ignore = "needs the kind clusters hack/kind/e2e.sh makes"]
+async fn leader_handoffs() {
+    let mut kind = KindFederation::from_env().unwrap();
+    let bounds = HandoffBounds {
+        watch_margin: Duration::from_secs(5),
+        ready: Duration::from_secs(number("AETHER_E2E_FORCED_READY_BOUND", 60)),
+        timeout: Duration::from_secs(number("AETHER_E2E_HANDOFF_TIMEOUT", 180)),
+    };
+    let seconds = |d: Duration| format!("{:.1} s", d.as_secs_f64());
+    for how in [LeaderLoss::Graceful, LeaderLoss::Forced, LeaderLoss::Crashed, LeaderLoss::Lost] {
+        kind.await_standby("a").await.unwrap_or_else(|e| panic!("before the {how}: {e:#}"));
+        let h = leader_handoff(&mut kind, "a", "b", how, &bounds).await.unwrap_or_else(|e| panic!("{how}: {e:#}"));
+        println!(
+            "time: {how}: the loss of {} to the leader Lease held again (by {}) = {}",
+            h.old_leader,
+            h.new_leader,
+            seconds(h.takeover)
+        );
+        println!("time: {how}: leader Lease = {}", h.lease);
+        println!(
+            "time: {how}: the loss to regionpeering/a Ready under a worker that runs the mirror = {}",
+            seconds(h.ready)
+        );
+        println!("time: {how}: peers[b].resyncs before / after = {} / {}", h.resyncs.0, h.resyncs.1);
+        println!(
+            "time: {how}: keys of a on b, every one in each of the reads, none deleted = {} keys, {} reads",
+            h.keys, h.reads
+        );
+        println!("time: {how}: keys of a re-put on b by the new leader = {} of {}", h.reput, h.keys);
+    }
 }

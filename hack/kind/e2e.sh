@@ -9,7 +9,8 @@
 #   2. data path a -> b: N endpoint keys put into a's registry etcd under /aether/v1/regions/a/
 #      appear in b's etcd, verbatim (keys and values equal to the origin's); some are deleted and
 #      disappear from b; the same b -> a;
-#   3. leader handoff in a: the leader Pod (the holder of the Lease aether-operator-leader) is
+#   3. leader handoff in a (Rust, the local e2e's code: e2e/tests/kind.rs leader_handoffs, with
+#      3-4c below): the leader Pod (the holder of the Lease aether-operator-leader) is
 #      deleted gracefully; while the standby takes over, b's copy of a's subtree is read
 #      continuously and must never lose a key (for at least the lease TTL plus a keepalive
 #      interval, so a lapse would show); regionpeering a must be Ready again under the new leader,
@@ -599,36 +600,37 @@ wait_copy() { # ORIGIN PEER WHAT: poll until the copy equals the origin; prints 
 # The step itself is Rust, the same code the local e2e runs (e2e/src/scenarios.rs, data_path):
 # N_KEYS endpoint keys put into each region under clusters/kind-<region>/ appear verbatim on the
 # other, N_DELETE of them deleted disappear; N_KEYS - N_DELETE stay (the recovery counts them).
+# rust_step TEST [VAR=VALUE...]: a scenario of e2e/tests/kind.rs run by name with the federation's
+# environment and VAR=VALUE...: its "time: WHAT = VALUE" lines recorded, the rest of its output
+# printed; returns the test's status.
+rust_step() {
+  local test=$1 out rc=0
+  shift
+  out=$(cd "$root" && env AETHER_KIND_FED_DIR="$fed_dir" AETHER_KIND_ETCD_NODEPORT="$NODEPORT" "$@" \
+    "${CARGO:-cargo}" test -q -p aether-e2e --test kind -- --ignored --exact "$test" --nocapture 2>&1) || rc=$?
+  grep -v '^time: ' <<<"$out" | sed 's/^/  /' >&2
+  while IFS= read -r line; do
+    line=${line#time: }
+    record "${line% = *}" "${line##* = }"
+  done < <(grep '^time: ' <<<"$out")
+  return $rc
+}
 run_id=$(date +%s)   # marks this run's writes in the steps below
 phase="data path a -> b and b -> a (e2e/tests/kind.rs: data_path_both_ways)"
-out=$(cd "$root" && AETHER_KIND_FED_DIR=$fed_dir AETHER_KIND_ETCD_NODEPORT=$NODEPORT AETHER_E2E_KEYS=$N_KEYS \
-  AETHER_E2E_DELETE=$N_DELETE AETHER_E2E_PROPAGATION_TIMEOUT=$PROPAGATION_TIMEOUT \
-  "${CARGO:-cargo}" test -q -p aether-e2e --test kind -- --ignored --exact data_path_both_ways --nocapture 2>&1) \
-  || { echo "$out" >&2; show_difference a b; show_difference b a; fail "the data path (e2e/tests/kind.rs, its output above)"; }
-while IFS= read -r line; do
-  line=${line#time: }
-  record "${line% = *}" "${line##* = }"
-done < <(grep '^time: ' <<<"$out")
+rust_step data_path_both_ways AETHER_E2E_KEYS="$N_KEYS" AETHER_E2E_DELETE="$N_DELETE" \
+  AETHER_E2E_PROPAGATION_TIMEOUT="$PROPAGATION_TIMEOUT" \
+  || { show_difference a b; show_difference b a; fail "the data path (e2e/tests/kind.rs, its output above)"; }
 
-# --- 5. Leader handoffs in a: graceful, then forced -------------------------------------------------
+# --- 5. Leader handoffs in a: graceful, forced, crashed, lost -------------------------------------
 o=a p=b
 pre=$(prefix_of "$o")
 holder() { k "$o" -n "$NS" get lease "$LEASE_NAME" -o jsonpath='{.spec.holderIdentity}' 2>/dev/null; }
-lease_line() { k "$o" -n "$NS" get lease "$LEASE_NAME" -o jsonpath='{.spec.holderIdentity}|{.spec.renewTime}|{.spec.leaseDurationSeconds}' 2>/dev/null; }
 # Events of regionpeering/o by reason, repetitions counted (the recorder aggregates them in a series).
 event_count() { # REASON
   k "$o" -n "$NS" get events --field-selector "involvedObject.kind=RegionPeering,involvedObject.name=$o,reason=$1" -o json \
     | python3 -c '
 import json, sys
 print(sum(max((e.get("series") or {}).get("count") or 0, e.get("count") or 0, 1) for e in json.load(sys.stdin)["items"]))'
-}
-# What b holds of a: every key, with its mod revision and lease (python: the JSON's keys are base64).
-copy_meta() {
-  ectl "$p" get --prefix "$pre" -w json | python3 -c '
-import base64, json, sys
-d = json.load(sys.stdin)
-for kv in d.get("kvs", []):
-    print(base64.b64decode(kv["key"]).decode(), kv["mod_revision"], kv.get("lease", 0))'
 }
 deploy_arg() { # REGION FLAG: the value of --FLAG=... in the operator container's args ("true" for a bare --FLAG)
   k "$1" -n "$NS" get deployment "$RELEASE" -o jsonpath='{.spec.template.spec.containers[?(@.name=="operator")].args}' 2>/dev/null \
@@ -639,222 +641,20 @@ for a in json.load(sys.stdin):
     elif a.startswith(flag + "="): print(a.split("=", 1)[1])' "$2"
 }
 
-# leader_handoff graceful|forced: the leader Pod of a is deleted (forced: --force --grace-period=0:
-# the Pod object goes at once, a replacement starts while the old container may still run, and
-# the kubelet gives it only its 2 s minimum grace after SIGTERM); b's copy of a's
-# subtree is read about twice a second for at least the lease TTL + keepalive interval + 5 s and
-# must hold every key in every read; the standby takes the Lease and regionpeering a is Ready under
-# it (forced: within AETHER_E2E_FORCED_READY_BOUND s); no new ResyncStarted event, and resyncs
-# unchanged (or 0 under the new leader with a new LeasesAdopted event).
-leader_handoff() {
-  local mode=$1 label delete_flags=()
-  case $mode in
-    graceful) label=handoff delete_flags=(--wait=false) ;;
-    forced) label="forced handoff" delete_flags=(--force --grace-period=0 --wait=false) ;;
-    crashed) label="crashed leader" ;;
-    lost) label="lost leader" delete_flags=(--force --grace-period=0 --wait=false) ;;
-    *) fail "leader_handoff: unknown mode '$mode'" ;;
-  esac
-  phase="leader handoff ($mode)"
-  k "$o" -n "$NS" rollout status "deployment/$RELEASE" --timeout 120s >/dev/null \
-    || fail "deployment/$RELEASE in aether-$o: not all replicas Ready before the $label"
-  # The status names the leader the Lease names (the status may lag a moment behind an election).
-  local start=$SECONDS leader status_leader
-  while :; do
-    leader=$(holder || true); status_leader=$(rp_field "$o" '{.status.leader}' || true)
-    [[ -n $leader && $leader == "$status_leader" ]] && break
-    ((SECONDS - start < 60)) || fail "Lease $LEASE_NAME names '$leader', regionpeering/$o's status.leader '$status_leader': not the same within 60 s"
-    sleep 1
-  done
-  k "$o" -n "$NS" get pod "$leader" >/dev/null 2>&1 || fail "the leader '$leader' (Lease $LEASE_NAME) is not a Pod in $NS"
-  local resyncs_before resync_events_before adopted_events_before expected_keys n_expected meta_before
-  resyncs_before=$(rp_field "$o" "{.status.peers[?(@.region==\"$p\")].replication.resyncs}")
-  resync_events_before=$(event_count ResyncStarted) || fail "reading the events of regionpeering/$o"
-  adopted_events_before=$(event_count LeasesAdopted) || fail "reading the events of regionpeering/$o"
-  [[ -n $resyncs_before ]] || fail "regionpeering/$o shows no status.peers[$p].replication.resyncs"
-  expected_keys=$(ectl "$p" get --prefix --keys-only "$pre" | sed '/^$/d') || fail "reading $pre on aether-$p"
-  n_expected=$(wc -l <<<"$expected_keys")
-  meta_before=$(copy_meta) || fail "reading $pre on aether-$p as JSON"
-  local ttl ka lease_duration
-  ttl=$(rp_field "$o" '{.spec.lease.ttlSeconds}') ka=$(rp_field "$o" '{.spec.lease.keepaliveIntervalSeconds}')
-  lease_duration=$(deploy_arg "$o" leader-lease-duration)
-  say "$label: leader $leader; regionpeering/$o peers[$p].resyncs=$resyncs_before; aether-$p holds $n_expected keys of $o; mirror leases TTL ${ttl}s, keepalive ${ka}s; leader Lease duration ${lease_duration:-?}s"
-
-  # Read b's copy at least for the lease TTL plus a keepalive interval (and 5 s): a lapse would show.
-  local min_watch_ms=$(((ttl + ka + 5) * 1000))
-  local t0 polls=0 errors=0 t_takeover='' t_ready='' new_leader='' elapsed keys h_now h_renew h_dur line last_renew='' last_dur='' emptied_ms=''
-  # The Lease as the leader last renewed it before the delete (a released Lease may never show the
-  # old holder again).
-  if line=$(lease_line) && [[ -n $line ]]; then
-    IFS='|' read -r h_now h_renew h_dur <<<"$line" || true
-    [[ $h_now == "$leader" && -n $h_renew ]] && last_renew=$h_renew last_dur=$h_dur
-  fi
-  local container_id='' restarts_before=0 restarts adopted_now
-  if [[ $mode == crashed || $mode == lost ]]; then
-    container_id=$(k "$o" -n "$NS" get pod "$leader" -o jsonpath='{.status.containerStatuses[?(@.name=="operator")].containerID}')
-    restarts_before=$(leader_restarts "$leader")
-    container_id=${container_id#containerd://}
-    [[ -n $container_id && -n $restarts_before ]] || fail "no running operator container in the leader Pod $leader"
-  fi
-  t0=$(now_ms)
-  if [[ $mode == crashed ]]; then
-    # SIGKILL straight to the container's process, as an OOM kill or a node's crash would: no
-    # SIGTERM, so the leader Lease is not released and the mirror leases are not touched.
-    docker exec "$(node_of "$o")" ctr -n k8s.io task kill --signal SIGKILL "$container_id" >/dev/null \
-      || fail "ctr task kill --signal SIGKILL $container_id (the leader $leader's operator container)"
-  elif [[ $mode == lost ]]; then
-    # Every process of the container stopped, as a leader behind a lost node: it renews nothing and
-    # releases nothing (after a SIGKILL alone the kubelet restarts it under the same identity within
-    # seconds, and what holds the Lease then is a race with the forced delete). Then its Pod
-    # force-deleted: the kubelet's SIGTERM stays pending behind the stop, and nothing restarts a
-    # container of a deleted Pod. The standby must wait the Lease out.
-    local pids
-    pids=$(docker exec "$(node_of "$o")" ctr -n k8s.io task ps "$container_id" | awk 'NR > 1 && $1 ~ /^[0-9]+$/ {printf "%s ", $1}') \
-      || fail "ctr task ps $container_id (the leader $leader's operator container)"
-    [[ -n $pids ]] || fail "ctr task ps $container_id listed no process of the leader $leader's operator container"
-    docker exec "$(node_of "$o")" sh -c "kill -STOP $pids" || fail "kill -STOP $pids (the leader $leader's operator processes) in $(node_of "$o")"
-    say "$label: stopped the $(wc -w <<<"$pids") process(es) of $leader's operator container (SIGSTOP)"
-    k "$o" -n "$NS" delete pod "$leader" "${delete_flags[@]}" >/dev/null || fail "kubectl delete pod $leader ${delete_flags[*]}"
-  else
-    k "$o" -n "$NS" delete pod "$leader" "${delete_flags[@]}" >/dev/null || fail "kubectl delete pod $leader ${delete_flags[*]}"
-  fi
-  while :; do
-    elapsed=$(($(now_ms) - t0))
-    if keys=$(ectl "$p" get --prefix --keys-only "$pre" 2>&1); then
-      polls=$((polls + 1))
-      keys=$(sed '/^$/d' <<<"$keys")
-      if [[ $keys != "$expected_keys" ]]; then
-        echo "e2e: $(secs "$elapsed") s into the $label, aether-$p's copy of $pre changed (< expected, > seen):" >&2
-        diff <(echo "$expected_keys") <(echo "$keys") | grep '^[<>]' | head -n 20 >&2 || true
-        echo "e2e: Lease holder '$(holder || true)' (old leader $leader); regionpeering/$o shows:" >&2
-        rp_summary "$o" >&2
-        fail "a key of $o went missing (or appeared) in aether-$p during the $label"
-      fi
-    else
-      errors=$((errors + 1))
-      say "$label: reading aether-$p failed ($errors): $(tail -n 1 <<<"$keys")"
-      ((errors <= 5)) || fail "reading aether-$p's etcd failed $errors times during the $label"
-    fi
-    h_now='' h_renew='' h_dur=''
-    if line=$(lease_line) && [[ -n $line ]]; then
-      IFS='|' read -r h_now h_renew h_dur <<<"$line" || true
-      [[ -z $t_takeover && -z $h_now && -z $emptied_ms ]] && emptied_ms=$(now_ms)
-    fi
-    # The old holder's last renewal seen: did the standby wait for its Lease to expire, or was it
-    # released (the old leader releases it on SIGTERM)?
-    [[ -z $t_takeover && $h_now == "$leader" && -n $h_renew ]] && last_renew=$h_renew last_dur=$h_dur
-    if [[ -z $t_takeover && -n $h_now && $h_now != "$leader" ]]; then
-      t_takeover=$(now_ms) new_leader=$h_now
-      say "$label: Lease $LEASE_NAME held by $new_leader after $(secs $((t_takeover - t0))) s"
-    fi
-    # A crashed leader's container is restarted in its Pod by the kubelet, with the same identity:
-    # it may take its own Lease back before the standby can.
-    if [[ $mode == crashed && -z $t_takeover && $h_now == "$leader" ]]; then
-      restarts=$(leader_restarts "$leader")
-      if [[ -n $restarts ]] && ((restarts > restarts_before)); then
-        t_takeover=$(now_ms) new_leader=$leader
-        say "$label: $leader's container restarted by the kubelet ($restarts_before -> $restarts restarts) and holding the Lease after $(secs $((t_takeover - t0))) s"
-      fi
-    fi
-    if [[ -n $new_leader && -z $t_ready ]]; then
-      # After a crash the status still says Ready under the old leader (nobody wrote it since): a
-      # new worker is running once it adopted the leases (a new LeasesAdopted event).
-      adopted_now=1
-      [[ $mode == crashed || $mode == lost ]] && { (($(event_count LeasesAdopted) > adopted_events_before)) || adopted_now=''; }
-      if [[ -n $adopted_now && $(rp_field "$o" '{.status.leader}') == "$new_leader" && $(ready_status "$o") == True ]]; then
-        t_ready=$(now_ms)
-        say "$label: regionpeering/$o Ready under $new_leader after $(secs $((t_ready - t0))) s"
-      fi
-    fi
-    [[ -n $t_ready ]] && (($(now_ms) - t0 >= min_watch_ms)) && break
-    if (($(now_ms) - t0 > HANDOFF_TIMEOUT * 1000)); then
-      echo "e2e: after $HANDOFF_TIMEOUT s of the $label: Lease holder '$(holder || true)' (old leader $leader), regionpeering/$o shows:" >&2
-      rp_summary "$o" >&2
-      fail "regionpeering/$o not Ready under a new leader within $HANDOFF_TIMEOUT s of the $label"
-    fi
-    sleep 0.3
-  done
-  if [[ $mode == lost ]]; then
-    record "$label: SIGSTOP and forced delete to Lease held by the standby" "$(secs $((t_takeover - t0))) s"
-  elif [[ $mode == crashed ]]; then
-    local who="the standby $new_leader"
-    [[ $new_leader == "$leader" ]] && who="$leader itself, restarted in its Pod"
-    record "$label: SIGKILL to the Lease held again (by $who)" "$(secs $((t_takeover - t0))) s"
-  else
-    record "$label: leader Pod deleted to Lease held by the standby" "$(secs $((t_takeover - t0))) s"
-  fi
-  # Was the Lease released or waited out? The standby notices either only at its next try, so the
-  # takeover time alone does not tell. An empty holder is either the old leader's release (on SIGTERM) or a standby clearing a Lease
-  # that expired (kube-lease-manager empties an expired Lease before it locks it): the old holder's
-  # last renewal seen + the Lease's duration tells which.
-  local expiry_ms='' how
-  if [[ -n $last_renew && -n $last_dur ]] && expiry_ms=$(date -d "$last_renew" +%s%3N 2>/dev/null); then
-    expiry_ms=$((expiry_ms + last_dur * 1000))
-  else
-    expiry_ms=''
-  fi
-  if [[ $new_leader == "$leader" ]]; then
-    how="kept by $leader: its restarted container holds it under the same identity (never released)"
-  elif [[ -n $emptied_ms && (-z $expiry_ms || $emptied_ms -lt $expiry_ms) ]]; then
-    how="released by $leader (holderIdentity seen empty before its Lease expired and before $new_leader took it)"
-  elif [[ -n $expiry_ms ]]; then
-    how="waited out: taken $(secs $((t_takeover - expiry_ms))) s after its last renewal seen ($last_renew) + ${last_dur} s"
-    [[ -n $emptied_ms ]] && how+=" (the standby emptied the expired Lease first)"
-  else
-    how="never seen released by $leader; its last renewal not seen"
-  fi
-  if [[ $mode == lost ]]; then
-    # A lost leader says nothing more: a Lease released before it expired means the freeze did not
-    # hold and another case was tested; a Lease taken before it expired would be a split brain.
-    [[ -n $expiry_ms ]] || fail "the lost leader $leader's last renewal of Lease $LEASE_NAME was never seen: cannot tell whether the standby waited it out"
-    [[ -n $emptied_ms ]] && ((emptied_ms < expiry_ms)) \
-      && fail "the lost leader $leader's Lease was released $(secs $((expiry_ms - emptied_ms))) s before it expired (holderIdentity seen empty): its processes were not frozen"
-    ((t_takeover >= expiry_ms)) \
-      || fail "$new_leader took the Lease of the lost leader $leader $(secs $((expiry_ms - t_takeover))) s before it expired (last renewal seen $last_renew + ${last_dur} s)"
-    say "ok: $label: the standby took the Lease only after it expired ($(secs $((t_takeover - expiry_ms))) s after)"
-  fi
-  say "$label: the leader Lease was $how"
-  record "$label: leader Lease" "$how"
-  if [[ $mode == crashed || $mode == lost ]]; then
-    record "$label: $([[ $mode == lost ]] && echo SIGSTOP || echo SIGKILL) to regionpeering/$o Ready under a worker that adopted the leases" "$(secs $((t_ready - t0))) s"
-  else
-    record "$label: leader Pod deleted to regionpeering/$o Ready under it" "$(secs $((t_ready - t0))) s"
-  fi
-  if [[ $mode != graceful ]]; then
-    ((t_ready - t0 <= FORCED_READY_BOUND * 1000)) \
-      || fail "regionpeering/$o Ready under $new_leader $(secs $((t_ready - t0))) s after the $label ($leader): over the bound of $FORCED_READY_BOUND s"
-    say "ok: $label: regionpeering/$o Ready $(secs $((t_ready - t0))) s after it (bound $FORCED_READY_BOUND s)"
-  fi
-  say "$label: $polls reads of aether-$p's copy over $(secs $(($(now_ms) - t0))) s (at least the lease TTL + a keepalive interval), $n_expected keys of $o present in every one; $errors failed reads"
-  local resyncs_after resync_events_after adopted_events_after meta_after reput
-  resyncs_after=$(rp_field "$o" "{.status.peers[?(@.region==\"$p\")].replication.resyncs}")
-  resync_events_after=$(event_count ResyncStarted) adopted_events_after=$(event_count LeasesAdopted)
-  ((resync_events_after == resync_events_before)) \
-    || fail "ResyncStarted events of regionpeering/$o: $resync_events_before before the $label, $resync_events_after after: the new leader ran a full sync"
-  if [[ $resyncs_after == "$resyncs_before" ]]; then
-    say "ok: peers[$p].replication.resyncs unchanged across the $label ($resyncs_after); no ResyncStarted event"
-  elif [[ $resyncs_after == 0 ]] && ((adopted_events_after > adopted_events_before)); then
-    # The field counts "full resyncs since the worker started" (the CRD): the new leader's worker
-    # starts at 0. It adopted the leases (LeasesAdopted) and ran no full sync (no ResyncStarted).
-    say "ok: peers[$p].replication.resyncs was $resyncs_before under $leader (its worker's count), 0 under $new_leader, which adopted the leases (LeasesAdopted) and ran no full sync (no ResyncStarted event)"
-  else
-    fail "regionpeering/$o peers[$p].replication.resyncs was $resyncs_before before the $label, $resyncs_after under $new_leader (LeasesAdopted events $adopted_events_before -> $adopted_events_after)"
-  fi
-  record "$label: peers[$p].resyncs before / after; ResyncStarted events before / after" "$resyncs_before / $resyncs_after; $resync_events_before / $resync_events_after"
-  # Informational: did the new leader adopt (keys untouched on b) or re-put?
-  meta_after=$(copy_meta) || fail "reading $pre on aether-$p as JSON"
-  reput=$(comm -13 <(sort <<<"$meta_before") <(sort <<<"$meta_after") | wc -l)
-  say "$label: $reput of $n_expected keys of $o on aether-$p have another mod revision or lease than before (0: the new leader adopted the leases and re-put nothing)"
-  record "$label: keys of $o re-put on $p by the new leader" "$reput of $n_expected"
-  rp_summary "$o" >&2
-}
-leader_restarts() { # POD: restarts of its operator container
-  k "$o" -n "$NS" get pod "$1" -o jsonpath='{.status.containerStatuses[?(@.name=="operator")].restartCount}' 2>/dev/null
-}
-leader_handoff graceful
-leader_handoff forced
-leader_handoff crashed
-leader_handoff lost
+# The step itself is Rust, the same code the local e2e runs (e2e/src/scenarios/handoff.rs;
+# e2e/tests/kind.rs, leader_handoffs): a's leader Pod deleted; force-deleted (the Pod object goes
+# at once, a replacement starts while the old container may still run); its operator container
+# SIGKILLed in the node (no SIGTERM: the kubelet restarts it in its Pod under the same identity);
+# its processes frozen (SIGSTOP) and its Pod force-deleted (the standby must wait the Lease out,
+# never take it early). After each, b's copy of a is read about three times a second and watched
+# for at least the lease TTL + keepalive interval + 5 s and must hold every key in every read and
+# lose none; a is Ready under a worker that adopted the leases (after a loss other than the graceful
+# one within AETHER_E2E_FORCED_READY_BOUND s); no ResyncStarted event; resyncs unchanged (or 0 under
+# a new leader with a new LeasesAdopted event).
+phase="leader handoffs in $o (e2e/tests/kind.rs: leader_handoffs)"
+rust_step leader_handoffs AETHER_E2E_FORCED_READY_BOUND="$FORCED_READY_BOUND" AETHER_E2E_HANDOFF_TIMEOUT="$HANDOFF_TIMEOUT" \
+  || { rp_summary "$o" >&2; fail "the leader handoffs (e2e/tests/kind.rs, its output above)"; }
+rp_summary "$o" >&2
 
 # --- 6. Metrics over HTTPS, with a ServiceAccount token ---------------------------------------------
 # The chart (metrics.secure, default true) serves /metrics, /healthz and /readyz on one HTTPS port
@@ -981,22 +781,15 @@ region_loss_and_recovery() {
   phase="region loss ($o)"
   [[ -n $plugin_from ]] && aether_status_healthy && docs_verify
   phase="region loss and recovery ($o) (e2e/tests/kind.rs: region_loss_and_recovery)"
-  local refresh out rc=0
+  local refresh rc=0
   refresh=$(deploy_arg "$p" refresh-seconds || true); refresh=${refresh:-5}
   stale_watch_pid=''
   if [[ -n $plugin_from ]]; then
     aether_status_watch_stale "$e2e_tmp" "$(now_ms)" &
     stale_watch_pid=$!
   fi
-  out=$(cd "$root" && AETHER_KIND_FED_DIR=$fed_dir AETHER_KIND_ETCD_NODEPORT=$NODEPORT \
-    AETHER_E2E_LAPSE_MARGIN=$LAPSE_MARGIN AETHER_E2E_STATUS_MARGIN=$STATUS_MARGIN AETHER_E2E_REFRESH_SECONDS=$refresh \
-    AETHER_E2E_RECOVERY_TIMEOUT=$RECOVERY_TIMEOUT \
-    "${CARGO:-cargo}" test -q -p aether-e2e --test kind -- --ignored --exact region_loss_and_recovery --nocapture 2>&1) || rc=$?
-  grep -v '^time: ' <<<"$out" | sed 's/^/  /' >&2
-  while IFS= read -r line; do
-    line=${line#time: }
-    record "${line% = *}" "${line##* = }"
-  done < <(grep '^time: ' <<<"$out")
+  rust_step region_loss_and_recovery AETHER_E2E_LAPSE_MARGIN="$LAPSE_MARGIN" AETHER_E2E_STATUS_MARGIN="$STATUS_MARGIN" \
+    AETHER_E2E_REFRESH_SECONDS="$refresh" AETHER_E2E_RECOVERY_TIMEOUT="$RECOVERY_TIMEOUT" || rc=$?
   if [[ -n $stale_watch_pid ]]; then
     aether_status_stale_check "$stale_watch_pid"
     stale_watch_pid=''

@@ -44,6 +44,14 @@ impl Managed {
         }
     }
 
+    /// SIGSTOP: the process is frozen (it holds what it held, renews nothing) until it is killed or
+    /// terminated.
+    pub fn pause(&self) {
+        if let Some(child) = self.child.as_ref() {
+            signal(child.id(), "STOP");
+        }
+    }
+
     /// SIGKILL, then wait for the exit: a crash.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
