@@ -99,7 +99,7 @@ impl Federation {
                 "localEtcd": {"endpoints": [own.registry.endpoint()]},
                 "peers": peers,
                 "lease": {"ttlSeconds": LEASE_TTL_SECONDS, "keepaliveIntervalSeconds": KEEPALIVE_SECONDS},
-                "failureDetector": {"acceptablePauseSeconds": 4},
+                "failureDetector": {"acceptablePauseSeconds": 8},
             }
         });
         serde_yaml::to_string(&object).expect("serializable")

@@ -98,7 +98,7 @@ async fn leader_handoffs() {
         kind.await_standby("a").await.unwrap_or_else(|e| panic!("before the {how}: {e:#}"));
         let h = leader_handoff(&mut kind, "a", "b", how, &bounds).await.unwrap_or_else(|e| panic!("{how}: {e:#}"));
         println!(
-            "time: {how}: the loss of {} to the leader Lease held again (by {}) = {}",
+            "time: {how}: the loss of {} to {} in charge (the Lease taken, or adopted by the restarted) = {}",
             h.old_leader,
             h.new_leader,
             seconds(h.takeover)

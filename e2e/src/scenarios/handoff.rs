@@ -35,7 +35,8 @@ pub struct Handoff {
     /// Who holds the leader Lease after it: the standby, or (a crash restarted in place) the same
     /// identity.
     pub new_leader: String,
-    /// From the loss to the Lease held again.
+    /// From the loss to the Lease held by another holder, or, for a leader restarted in place, to
+    /// its new worker adopting the leases.
     pub takeover: Duration,
     /// From the loss to the region's RegionPeering Ready under the new leader.
     pub ready: Duration,
@@ -240,20 +241,27 @@ pub async fn leader_handoff(
     }
     let (takeover, ready, new_leader) = (takeover.unwrap(), ready.unwrap(), new_leader.unwrap());
 
-    // Released or waited out? The standby notices either only at its next try, so the takeover
-    // time alone does not tell: an empty holder before the Lease's expiry is the old leader's
-    // release (on SIGTERM); after it, a standby clearing the expired Lease before it locks it.
+    // Released or waited out? A standby takes a Lease before it expires only once its holder
+    // released it (on SIGTERM). A release is also seen as an empty holder before the expiry; an
+    // empty holder after it is a standby clearing the expired Lease before it locks it.
     let expiry_ms = last_renew.zip(last_duration).map(|(renewed, duration)| renewed + duration * 1000);
-    let lease = if new_leader == leader {
-        format!("kept by {leader}: restarted in place, it holds it under the same identity (never released)")
-    } else if let Some(emptied) = emptied_ms.filter(|e| expiry_ms.is_none_or(|x| *e < x)) {
-        let early =
-            expiry_ms.map_or(String::new(), |x| format!(", {:.1} s before it expired", (x - emptied) as f64 / 1e3));
-        format!("released by {leader} (seen empty{early}, before {new_leader} took it)")
-    } else if let Some(expiry) = expiry_ms {
-        format!("waited out: {new_leader} took it {:.1} s after it expired", (takeover_ms - expiry) as f64 / 1e3)
-    } else {
-        format!("never seen released by {leader}; its last renewal not seen")
+    let before_expiry =
+        |at: i64, expiry: i64| format!("{:.1} s before it would have expired", (expiry - at) as f64 / 1e3);
+    let lease = match expiry_ms {
+        _ if new_leader == leader => {
+            format!("kept by {leader}: restarted in place, it holds it under the same identity (never released)")
+        }
+        Some(expiry) if takeover_ms < expiry => {
+            format!("released by {leader}: {new_leader} held it {}", before_expiry(takeover_ms, expiry))
+        }
+        Some(expiry) if emptied_ms.is_some_and(|e| e < expiry) => {
+            format!("released by {leader}: seen empty {}", before_expiry(emptied_ms.unwrap_or(expiry), expiry))
+        }
+        Some(expiry) => {
+            format!("waited out: {new_leader} took it {:.1} s after it expired", (takeover_ms - expiry) as f64 / 1e3)
+        }
+        None if emptied_ms.is_some() => format!("released by {leader} (seen empty; its last renewal not seen)"),
+        None => format!("never seen released by {leader}; its last renewal not seen"),
     };
     if how == LeaderLoss::Lost {
         // A frozen leader says nothing more: a Lease released before it expired means the freeze
