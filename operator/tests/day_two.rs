@@ -351,7 +351,15 @@ async fn bad_changes_are_refused_and_the_copies_stay_whole(timing: Timing) {
     for said in ["501 of the 501 keys", "spec.sync.maxResyncDeletePercent = 50", "point it back"] {
         assert!(message.contains(said), "{said:?} missing from {message}");
     }
-    assert!(rp.status.unwrap().peers.iter().all(|p| p.phase == "Held"));
+    assert!(rp.status.is_some_and(|s| s.peers.iter().any(|p| p.phase == "Held")));
+    // Each peer's worker holds it on its own: the other may still be on its way there (a loaded
+    // machine showed Ready=False with one peer Held and the other not yet).
+    wait_until("every peer's worker holds the resync", Duration::from_secs(60), || async {
+        let status = api.get("a").await?.status.unwrap_or_default();
+        Ok(!status.peers.is_empty() && status.peers.iter().all(|p| p.phase == "Held"))
+    })
+    .await
+    .unwrap();
     // Acknowledged: the origin as it is now is mirrored (empty).
     patch_spec(&api, serde_json::json!({"sync": {"maxResyncDeletePercent": 100}})).await;
     wait_until("the acknowledged resync mirrors the empty origin", Duration::from_secs(120), || async {
