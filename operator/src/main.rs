@@ -495,6 +495,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         identity: identity.clone(),
         refresh_interval: Duration::from_secs(args.refresh_seconds.max(1)),
         leader_lease: format!("{}/{}", args.leader_lease_namespace, args.leader_lease_name),
+        leader_lease_duration: Duration::from_secs(args.leader_lease_duration),
         cluster_name: args.cluster_name.clone(),
         memory: aether_operator::mirror::MemoryBudget::new(args.memory_budget_mib.max(8) << 20),
     };

@@ -51,6 +51,11 @@ async fn the_operator_runs_as_its_service_account_and_follows_the_spec() {
     assert_eq!(condition(&rp, "Replicating").unwrap().0, "True");
     assert_eq!(condition(&rp, "PeersReachable").unwrap().0, "True");
     assert_eq!(condition(&rp, "KeepaliveDegraded").unwrap().0, "False");
+    // These leases (TTL 6 s, keepalive 2 s) would not outlive a crashed leader's 8 s Lease: said,
+    // with the TTL to set, while the region is Ready.
+    let (covered, why, message) = condition(&rp, "HandoffCovered").unwrap();
+    assert_eq!((covered.as_str(), why.as_str()), ("False", "TtlShorterThanHandoff"), "{message}");
+    assert!(message.contains("spec.lease.ttlSeconds to at least 15"), "{message}");
     let table = kubectl(&apiserver, &["get", "regionpeerings", "-n", NS, "-o", "wide"]);
     assert!(table.lines().any(|l| l.starts_with("a ") && l.contains("2/2") && l.contains("True")), "{table}");
 
@@ -67,7 +72,9 @@ async fn the_operator_runs_as_its_service_account_and_follows_the_spec() {
     let mut events = String::new();
     let seen = wait_until("events", WAIT, || {
         events = kubectl(&apiserver, &["get", "events", "-n", NS, "-o", "custom-columns=REASON:.reason,NOTE:.message"]);
-        let all = ["LeaderElected", "LeaseGranted", "Synced", "ResyncStarted"].iter().all(|r| events.contains(r))
+        let all = ["LeaderElected", "LeaseGranted", "Synced", "ResyncStarted", "TtlShorterThanHandoff"]
+            .iter()
+            .all(|r| events.contains(r))
             && events.contains("a -> b")
             && events.contains("a -> c");
         async move { Ok(all) }

@@ -283,9 +283,9 @@ pub struct RegionPeeringStatus {
     /// The generation the status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// Ready, Replicating, PeersReachable, KeepaliveDegraded, DriftDetected, ValuesTooLarge and
-    /// ChangeRefused, and Conflict or Suspended when they apply; each with a reason and a message
-    /// that says what to do.
+    /// Ready, Replicating, PeersReachable, KeepaliveDegraded, DriftDetected, ValuesTooLarge,
+    /// ChangeRefused and HandoffCovered, and Conflict or Suspended when they apply; each with a
+    /// reason and a message that says what to do.
     #[serde(default)]
     #[schemars(schema_with = "conditions_schema")]
     pub conditions: Vec<Condition>,

@@ -32,6 +32,9 @@ pub struct ControllerSettings {
     pub refresh_interval: Duration,
     /// The Lease electing this region's leader ("namespace/name"), named in status.
     pub leader_lease: String,
+    /// How long that Lease stays valid after a renewal: how long a crashed leader's successor
+    /// waits before it starts the workers (the `HandoffCovered` condition).
+    pub leader_lease_duration: Duration,
     /// This Kubernetes cluster's name ("": not given), recorded with each mirror's owner.
     pub cluster_name: String,
     /// The bytes every worker of the process holds for writes on their way, together.
@@ -588,9 +591,13 @@ async fn report(
         held,
         leader: Some(ctx.settings.identity.clone()),
         leader_lease: Some(ctx.settings.leader_lease.clone()),
+        leader_lease_duration: Some(ctx.settings.leader_lease_duration),
         now,
     };
     let new_status = status::compute(rp.status.as_ref(), &observation);
+    if let Some(c) = new_status.conditions.iter().find(|c| c.type_ == status::HANDOFF_COVERED && c.status == "False") {
+        publish_once(ctx, rp, &c.reason, c.message.clone()).await;
+    }
     let stale = ctx.patched.lock().expect("lock").get(key).is_none_or(|t| t.elapsed() >= STATUS_HEARTBEAT);
     if !status::visible_change(rp.status.as_ref(), &new_status) && !stale {
         return Ok(());

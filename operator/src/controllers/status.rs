@@ -19,6 +19,7 @@ pub const SUSPENDED: &str = "Suspended";
 pub const DRIFT_DETECTED: &str = "DriftDetected";
 pub const VALUES_TOO_LARGE: &str = "ValuesTooLarge";
 pub const CHANGE_REFUSED: &str = "ChangeRefused";
+pub const HANDOFF_COVERED: &str = "HandoffCovered";
 
 /// Everything the status is computed from.
 pub struct Observation<'a> {
@@ -36,6 +37,8 @@ pub struct Observation<'a> {
     pub held: Vec<crate::controllers::plan::HeldChange>,
     pub leader: Option<String>,
     pub leader_lease: Option<String>,
+    /// How long the leader Lease stays valid after a renewal (None: not known).
+    pub leader_lease_duration: Option<Duration>,
     pub now: SystemTime,
 }
 
@@ -101,6 +104,7 @@ pub fn compute(previous: Option<&RegionPeeringStatus>, obs: &Observation) -> Reg
         (DRIFT_DETECTED, drift_detected(&facts)),
         (VALUES_TOO_LARGE, values_too_large(&facts)),
         (CHANGE_REFUSED, change_refused(&facts)),
+        (HANDOFF_COVERED, handoff_covered(&facts)),
     ];
     if let Some(conflict) = &obs.conflict {
         verdicts.push((CONFLICT, verdict(true, "RegionClaimed", conflict.clone())));
@@ -354,6 +358,45 @@ fn keepalive_degraded(f: &Facts) -> Verdict {
     verdict(false, "KeepalivesHealthy", "leases are kept alive")
 }
 
+/// What a successor needs, past the leader Lease, before its workers renew: to see the Lease
+/// expired, take it, try the configuration and start the workers (about two seconds measured;
+/// docs/operating.md "Room for a handoff").
+pub const HANDOFF_MARGIN: Duration = Duration::from_secs(5);
+
+/// HandoffCovered: whether the leases outlive a leader lost without a release. A crashed or
+/// frozen leader (a lost node) renews nothing and releases nothing: its successor waits the
+/// leader Lease out, then starts the workers. The copies were last renewed up to a keepalive
+/// interval before the loss, so they survive only when the TTL covers a keepalive interval, the
+/// leader Lease and `HANDOFF_MARGIN`; otherwise a live region's copies lapse on every such loss.
+/// Said before anything is lost, with the numbers and what to change.
+fn handoff_covered(f: &Facts) -> Verdict {
+    let lease = &f.obs.spec.lease;
+    let Some(leader) = f.obs.leader_lease_duration else {
+        return verdict(true, "NotChecked", "the leader Lease's duration is not known");
+    };
+    let (ttl, keepalive, leader) = (lease.ttl_seconds, lease.keepalive_interval_seconds, leader.as_secs() as i64);
+    let needed = leader + keepalive + HANDOFF_MARGIN.as_secs() as i64;
+    if ttl >= needed {
+        return verdict(
+            true,
+            "TtlCoversHandoff",
+            format!(
+                "a leader lost without a release is replaced after its {leader}s Lease; the leases, renewed every {keepalive}s, last {ttl}s: {}s to spare",
+                ttl - needed
+            ),
+        );
+    }
+    verdict(
+        false,
+        "TtlShorterThanHandoff",
+        format!(
+            "a leader lost without a release (a crash, a lost node) is replaced only after its {leader}s Lease and a few seconds more, while the leases, renewed every {keepalive}s, last {ttl}s: every copy of {} on the peers would lapse while the region is live. Raise spec.lease.ttlSeconds to at least {needed} (the leader Lease {leader}s + spec.lease.keepaliveIntervalSeconds {keepalive}s + {}s), or lower the keepalive interval or the operator's --leader-lease-duration (the chart's leaderElection.durationSeconds)",
+            f.obs.spec.region,
+            HANDOFF_MARGIN.as_secs()
+        ),
+    )
+}
+
 /// DriftDetected: continuous verification found a peer's copy different from the origin (and
 /// repaired it); it stays True until a whole pass over the subtree finds it clean.
 fn drift_detected(f: &Facts) -> Verdict {
@@ -543,6 +586,7 @@ mod tests {
             held: vec![],
             leader: Some("op-0".into()),
             leader_lease: None,
+            leader_lease_duration: Some(Duration::from_secs(8)),
             now,
         }
     }
@@ -701,6 +745,46 @@ mod tests {
         h.keepalive_failures = 3;
         h.keepalive_last_success = Some(now - Duration::from_secs(20));
         assert_eq!(get(&compute(None, &observe(&spec, vec![h], now)), KEEPALIVE_DEGRADED).reason, "KeepaliveFailing");
+    }
+
+    #[test]
+    fn a_ttl_that_a_lost_leader_would_outlast_is_said_with_the_numbers_while_the_region_stays_ready() {
+        let now = SystemTime::now();
+        let mut spec = spec(&["b"]);
+        // The defaults (30 s, 10 s) against the default leader Lease (8 s): covered.
+        let status = compute(None, &observe(&spec, vec![healthy("b", now)], now));
+        let covered = get(&status, HANDOFF_COVERED);
+        assert_eq!((covered.status.as_str(), covered.reason.as_str()), ("True", "TtlCoversHandoff"));
+        assert!(covered.message.contains("7s to spare"), "{}", covered.message);
+        // 10 s and 2 s: the copies last 8 s past a renewal, the successor starts after 8 s and more.
+        spec.lease.ttl_seconds = 10;
+        spec.lease.keepalive_interval_seconds = 2;
+        let status = compute(None, &observe(&spec, vec![healthy("b", now)], now));
+        let short = get(&status, HANDOFF_COVERED);
+        assert_eq!((short.status.as_str(), short.reason.as_str()), ("False", "TtlShorterThanHandoff"));
+        for said in [
+            "8s Lease",
+            "renewed every 2s",
+            "last 10s",
+            "spec.lease.ttlSeconds to at least 15",
+            "leaderElection.durationSeconds",
+        ] {
+            assert!(short.message.contains(said), "{said:?} missing from {:?}", short.message);
+        }
+        // A hazard, not a failure: the region is as ready as its peers.
+        assert_eq!(get(&status, READY).status, "True");
+        // The bound itself: 15 s is enough at a 2 s keepalive, 14 s is not; a longer leader Lease
+        // moves it.
+        spec.lease.ttl_seconds = 15;
+        assert_eq!(get(&compute(None, &observe(&spec, vec![], now)), HANDOFF_COVERED).status, "True");
+        spec.lease.ttl_seconds = 14;
+        assert_eq!(get(&compute(None, &observe(&spec, vec![], now)), HANDOFF_COVERED).status, "False");
+        spec.lease.ttl_seconds = 30;
+        let mut obs = observe(&spec, vec![], now);
+        obs.leader_lease_duration = Some(Duration::from_secs(30));
+        let long = get(&compute(None, &obs), HANDOFF_COVERED).clone();
+        assert_eq!(long.status, "False");
+        assert!(long.message.contains("at least 37"), "{}", long.message);
     }
 
     #[test]
