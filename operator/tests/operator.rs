@@ -608,6 +608,16 @@ async fn a_paused_leader_stands_down_and_none_of_its_writes_land_after_the_succe
         .await
         .unwrap();
     assert_eq!(leader_gauge(ports[new_i]).await, Some(1.0));
+    // The successor ran the worker on the configuration the status recorded, without trying it
+    // first: a trial's round trips sooner, its leases renewed.
+    let log = std::fs::read_to_string(dir.path().join(format!("{new}.log"))).unwrap();
+    assert!(log.contains("mirror worker started"), "the successor's log:\n{log}");
+    assert!(
+        !log.contains("trying the peer's configuration"),
+        "the successor tried a configuration its predecessor ran on:\n{log}"
+    );
+    let recorded = api.get("a").await.unwrap().status.unwrap().peers[0].configuration.clone();
+    assert!(recorded.is_some_and(|c| c.len() == 16), "the status records the worker's configuration");
     let owners = owners.lock().unwrap().clone();
     let first_new = owners.iter().position(|o| o.starts_with(&format!("{new}/"))).expect("the successor wrote");
     assert!(

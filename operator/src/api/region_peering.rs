@@ -339,6 +339,11 @@ pub struct PeerStatus {
     /// The last error, with the time it happened; cleared once the mirror applies again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// A hash of the configuration the peer's worker runs on (the spec's fields that restart it
+    /// and the credentials it uses). A new leader starts a worker on the same configuration
+    /// without trying it first, and so renews the region's leases sooner after a handoff.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub configuration: Option<String>,
 }
 
 /// An origin key whose value no request to the peer can carry.

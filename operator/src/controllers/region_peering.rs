@@ -465,6 +465,7 @@ async fn read(ctx: &Context, rp: &RegionPeering, key: &str) -> Read {
         peers: peer_facts,
         trials: trials.collect(),
         running,
+        recorded: recorded_configurations(rp),
     };
     Read { facts, running_local, peers }
 }
@@ -566,12 +567,15 @@ async fn report(
     let Problems { conflict, config_errors, held } = problems;
     let spec = &rp.spec;
     let now = SystemTime::now();
-    let peers: Vec<mirror::PeerHealth> = ctx
+    let (peers, configurations): (Vec<mirror::PeerHealth>, BTreeMap<String, u64>) = ctx
         .workers
         .lock()
         .expect("workers lock")
         .get(key)
-        .map(|w| w.values().map(|r| r.handle.health()).collect())
+        .map(|w| {
+            let health = w.values().map(|r| r.handle.health()).collect();
+            (health, w.iter().map(|(peer, r)| (peer.clone(), r.fingerprint)).collect())
+        })
         .unwrap_or_default();
     for h in &peers {
         ctx.metrics.record_peer(h, now);
@@ -592,6 +596,7 @@ async fn report(
         leader: Some(ctx.settings.identity.clone()),
         leader_lease: Some(ctx.settings.leader_lease.clone()),
         leader_lease_duration: Some(ctx.settings.leader_lease_duration),
+        configurations,
         now,
     };
     let new_status = status::compute(rp.status.as_ref(), &observation);
@@ -647,6 +652,27 @@ fn ran(rp: &RegionPeering) -> bool {
     let Some(status) = &rp.status else { return false };
     let refused = status.conditions.iter().any(|c| c.type_ == status::CONFLICT && c.status == "True");
     !refused && status.peers.iter().any(|p| p.phase != mirror::Phase::Stopped.as_str())
+}
+
+/// The configuration each peer's worker ran on, as the status says (written by the leader
+/// before, or by this one before its worker ended): only a worker that was past its claim
+/// (syncing, watching, or queued for its sync) and not in conflict.
+fn recorded_configurations(rp: &RegionPeering) -> BTreeMap<String, u64> {
+    let Some(status) = rp.status.as_ref().filter(|_| ran(rp)) else { return BTreeMap::new() };
+    let ran_on = |phase: &str| {
+        [mirror::Phase::Watching, mirror::Phase::Syncing, mirror::Phase::Resyncing, mirror::Phase::Queued]
+            .iter()
+            .any(|p| p.as_str() == phase)
+    };
+    status
+        .peers
+        .iter()
+        .filter(|p| ran_on(&p.phase))
+        .filter_map(|p| {
+            let hash = u64::from_str_radix(p.configuration.as_deref()?, 16).ok()?;
+            Some((p.region.clone(), hash))
+        })
+        .collect()
 }
 
 /// Everything that, when changed, restarts a worker.

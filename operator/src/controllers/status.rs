@@ -39,6 +39,8 @@ pub struct Observation<'a> {
     pub leader_lease: Option<String>,
     /// How long the leader Lease stays valid after a renewal (None: not known).
     pub leader_lease_duration: Option<Duration>,
+    /// The configuration each running worker runs on (its fingerprint), by peer.
+    pub configurations: std::collections::BTreeMap<String, u64>,
     pub now: SystemTime,
 }
 
@@ -80,7 +82,7 @@ pub fn compute(previous: Option<&RegionPeeringStatus>, obs: &Observation) -> Reg
         .peers
         .iter()
         .map(|p| match obs.peers.iter().find(|h| h.peer == p.region) {
-            Some(h) => peer_status(h, obs.now),
+            Some(h) => peer_status(h, obs.configurations.get(&p.region).copied(), obs.now),
             None => PeerStatus {
                 region: p.region.clone(),
                 phase: Phase::Stopped.as_str().into(),
@@ -444,8 +446,9 @@ fn values_too_large(f: &Facts) -> Verdict {
     verdict(false, "AllValuesFit", "every value fits in a request the peers accept")
 }
 
-fn peer_status(h: &PeerHealth, now: SystemTime) -> PeerStatus {
+fn peer_status(h: &PeerHealth, configuration: Option<u64>, now: SystemTime) -> PeerStatus {
     PeerStatus {
+        configuration: configuration.map(|f| format!("{f:016x}")),
         region: h.peer.clone(),
         phase: h.phase.as_str().to_string(),
         reachable: h.reachable,
@@ -587,6 +590,7 @@ mod tests {
             leader: Some("op-0".into()),
             leader_lease: None,
             leader_lease_duration: Some(Duration::from_secs(8)),
+            configurations: Default::default(),
             now,
         }
     }
