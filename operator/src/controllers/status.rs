@@ -361,8 +361,8 @@ fn keepalive_degraded(f: &Facts) -> Verdict {
 }
 
 /// What a successor needs, past the leader Lease, before its workers renew: to see the Lease
-/// expired, take it, try the configuration and start the workers (about two seconds measured;
-/// docs/operating.md "Room for a handoff").
+/// expired, take it, start its controllers and the workers (and try a configuration that changed
+/// meanwhile); about two seconds measured (docs/operating.md "Room for a handoff").
 pub const HANDOFF_MARGIN: Duration = Duration::from_secs(5);
 
 /// HandoffCovered: whether the leases outlive a leader lost without a release. A crashed or
