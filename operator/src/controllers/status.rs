@@ -623,6 +623,14 @@ mod tests {
         s.conditions.iter().find(|c| c.type_ == t).unwrap_or_else(|| panic!("no {t} condition"))
     }
 
+    /// Asserts the condition's status and reason, and that its message says each of `said`.
+    fn says(c: &Condition, status: &str, reason: &str, said: &[&str]) {
+        assert_eq!((c.status.as_str(), c.reason.as_str()), (status, reason), "{}", c.message);
+        for s in said {
+            assert!(c.message.contains(s), "{s:?} missing from {:?}", c.message);
+        }
+    }
+
     #[test]
     fn ready_when_every_peer_is_synced_kept_alive_and_current() {
         let now = SystemTime::now();
@@ -731,9 +739,7 @@ mod tests {
             ttl: Duration::from_secs(30),
         });
         let status = compute(None, &observe(&spec, vec![h.clone()], now));
-        let degraded = get(&status, KEEPALIVE_DEGRADED);
-        assert_eq!((degraded.status.as_str(), degraded.reason.as_str()), ("True", "RenewalsTooSlow"));
-        for said in [
+        let said = [
             "16384 leases",
             "10.9s",
             "1500 renewals/s",
@@ -742,9 +748,8 @@ mod tests {
             "spec.lease.ttlSeconds",
             "maxKeysPerLease",
             "endpoints",
-        ] {
-            assert!(degraded.message.contains(said), "{said:?} missing from {:?}", degraded.message);
-        }
+        ];
+        says(get(&status, KEEPALIVE_DEGRADED), "True", "RenewalsTooSlow", &said);
         // Failing keepalives with little lease left take precedence: the more urgent reason.
         h.keepalive_failures = 3;
         h.keepalive_last_success = Some(now - Duration::from_secs(20));
@@ -757,24 +762,19 @@ mod tests {
         let mut spec = spec(&["b"]);
         // The defaults (30 s, 10 s) against the default leader Lease (8 s): covered.
         let status = compute(None, &observe(&spec, vec![healthy("b", now)], now));
-        let covered = get(&status, HANDOFF_COVERED);
-        assert_eq!((covered.status.as_str(), covered.reason.as_str()), ("True", "TtlCoversHandoff"));
-        assert!(covered.message.contains("7s to spare"), "{}", covered.message);
+        says(get(&status, HANDOFF_COVERED), "True", "TtlCoversHandoff", &["7s to spare"]);
         // 10 s and 2 s: the copies last 8 s past a renewal, the successor starts after 8 s and more.
         spec.lease.ttl_seconds = 10;
         spec.lease.keepalive_interval_seconds = 2;
         let status = compute(None, &observe(&spec, vec![healthy("b", now)], now));
-        let short = get(&status, HANDOFF_COVERED);
-        assert_eq!((short.status.as_str(), short.reason.as_str()), ("False", "TtlShorterThanHandoff"));
-        for said in [
+        let said = [
             "8s Lease",
             "renewed every 2s",
             "last 10s",
             "spec.lease.ttlSeconds to at least 15",
             "leaderElection.durationSeconds",
-        ] {
-            assert!(short.message.contains(said), "{said:?} missing from {:?}", short.message);
-        }
+        ];
+        says(get(&status, HANDOFF_COVERED), "False", "TtlShorterThanHandoff", &said);
         // A hazard, not a failure: the region is as ready as its peers.
         assert_eq!(get(&status, READY).status, "True");
         // The bound itself: 15 s is enough at a 2 s keepalive, 14 s is not; a longer leader Lease
@@ -786,9 +786,7 @@ mod tests {
         spec.lease.ttl_seconds = 30;
         let mut obs = observe(&spec, vec![], now);
         obs.leader_lease_duration = Some(Duration::from_secs(30));
-        let long = get(&compute(None, &obs), HANDOFF_COVERED).clone();
-        assert_eq!(long.status, "False");
-        assert!(long.message.contains("at least 37"), "{}", long.message);
+        says(get(&compute(None, &obs), HANDOFF_COVERED), "False", "TtlShorterThanHandoff", &["at least 37"]);
     }
 
     #[test]
