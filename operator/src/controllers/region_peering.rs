@@ -1008,4 +1008,34 @@ mod tests {
         let large_mesh = mirror_config(&spec(serde_json::json!({"watchLingerMilliseconds": 50})), "b", "w", budget());
         assert_eq!(large_mesh.watch_linger, Duration::from_millis(50));
     }
+
+    #[test]
+    fn only_a_readable_hash_of_a_worker_past_its_claim_counts_as_a_recorded_configuration() {
+        let peer = |region: &str, phase: &str, configuration: &str| {
+            serde_json::json!({"region": region, "phase": phase, "reachable": true, "keepalive": {"consecutiveFailures": 0, "leases": 1},
+                               "replication": {"lastAppliedRevision": 1, "keys": 1, "resyncs": 0, "synced": true, "driftRepairedKeys": 0},
+                               "configuration": configuration})
+        };
+        let object = |peers: Vec<serde_json::Value>, conditions: serde_json::Value| -> RegionPeering {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "federation.aether.dev/v1alpha1", "kind": "RegionPeering",
+                "metadata": {"name": "a", "namespace": "fed"},
+                "spec": {"region": "a", "localEtcd": {"endpoints": ["https://etcd-a:2379"]}, "peers": []},
+                "status": {"conditions": conditions, "peers": peers},
+            }))
+            .expect("a RegionPeering")
+        };
+        let peers = vec![
+            peer("b", "Watching", "00000000000000ff"),
+            peer("c", "Refused", "0000000000000001"),
+            peer("d", "Syncing", "not a hash; a hostile or corrupt status"),
+            peer("e", "Queued", &"f".repeat(64)),
+        ];
+        let recorded = recorded_configurations(&object(peers.clone(), serde_json::json!([])));
+        assert_eq!(recorded, [("b".to_string(), 255)].into(), "only b ran on a hash that reads");
+        // In conflict, nothing ran as the status says.
+        let conflict = serde_json::json!([{"type": "Conflict", "status": "True", "reason": "DuplicatePeer", "message": "m",
+                                          "lastTransitionTime": "2026-01-01T00:00:00Z"}]);
+        assert!(recorded_configurations(&object(peers, conflict)).is_empty());
+    }
 }
