@@ -10,7 +10,9 @@
 //!   GITOPS_REPO, GITOPS_REPO_IN_CLUSTER   where this host pushes, where Argo CD reads
 //!   AETHER_GITOPS_REGION, AETHER_GITOPS_PEERS   the region Argo CD deploys, its peers (a,b,...)
 //!   AETHER_GITOPS_VALUES                  the region's values as the repository starts with them
-//!   AETHER_GITOPS_DRIFT_SECONDS           how long the Application must stay Synced (default 60)
+//!   AETHER_GITOPS_DRIFT_SECONDS           how long the Application must stay Synced after the first
+//!                                         sync (default 300); a drift watch asserts the same from
+//!                                         every later sync to the next change, for the whole run
 //!   AETHER_GITOPS_UPGRADE_TAG             an operator image tag loaded in the cluster, to upgrade to
 //!   AETHER_E2E_SCENARIOS                  the scenarios to run, by name (all by default)
 use aether_e2e::NAMESPACE;
@@ -113,6 +115,103 @@ impl Waited {
     }
 }
 
+/// Watches Argo CD's view of the Application for the whole run. Between a sync the scenarios saw
+/// settle and the next change they make (a commit, a hand edit, the deletion) the Application is
+/// *quiet*: any view there that is not Synced is drift, and fails the run.
+#[derive(Clone, Default)]
+struct DriftWatch(std::sync::Arc<std::sync::Mutex<Drift>>);
+
+#[derive(Default)]
+struct Drift {
+    /// Since when the Application is quiet; None while a change is under way.
+    quiet_since: Option<Instant>,
+    /// The longest quiet spell, and all of them together.
+    longest: Duration,
+    total: Duration,
+    /// Distinct comparisons (`status.reconciledAt`) seen while quiet.
+    compared: u64,
+    last_reconciled: String,
+    /// The first drift seen.
+    drift: Option<String>,
+}
+
+impl DriftWatch {
+    /// Polls the Application once a second until the run ends.
+    fn start(&self, apps: Api<DynamicObject>) -> tokio::task::JoinHandle<()> {
+        let watch = self.clone();
+        tokio::spawn(async move {
+            loop {
+                let asked = Instant::now();
+                // An API server that does not answer for a moment is no verdict.
+                if let Ok(Some(app)) = apps.get_opt(APP).await {
+                    watch.saw(asked, &View::of(&app), app.data["status"]["reconciledAt"].as_str().unwrap_or(""));
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        })
+    }
+
+    /// A view asked for at `asked`: drift if the Application was quiet since before then.
+    fn saw(&self, asked: Instant, view: &View, reconciled_at: &str) {
+        let mut d = self.0.lock().unwrap();
+        let Some(since) = d.quiet_since.filter(|since| *since <= asked) else { return };
+        if reconciled_at != d.last_reconciled {
+            d.compared += 1;
+            d.last_reconciled = reconciled_at.to_string();
+        }
+        if view.sync != "Synced" && d.drift.is_none() {
+            d.drift = Some(format!(
+                "{:.0} s after a settled sync Argo CD shows a diff: {}",
+                since.elapsed().as_secs_f64(),
+                view.line()
+            ));
+        }
+    }
+
+    /// The scenario saw the Application settle: quiet from now on.
+    fn settled(&self) {
+        let mut d = self.0.lock().unwrap();
+        d.quiet_since.get_or_insert_with(Instant::now);
+    }
+
+    /// The scenario is about to change the Application: not quiet until it settles again.
+    fn changing(&self) {
+        let mut d = self.0.lock().unwrap();
+        if let Some(since) = d.quiet_since.take() {
+            let spell = since.elapsed();
+            d.longest = d.longest.max(spell);
+            d.total += spell;
+        }
+    }
+
+    fn quiet_for(&self) -> Option<Duration> {
+        self.0.lock().unwrap().quiet_since.map(|since| since.elapsed())
+    }
+
+    fn compared(&self) -> u64 {
+        self.0.lock().unwrap().compared
+    }
+
+    fn verdict(&self) -> anyhow::Result<()> {
+        match &self.0.lock().unwrap().drift {
+            Some(drift) => anyhow::bail!("drift: {drift}"),
+            None => Ok(()),
+        }
+    }
+
+    /// "quiet N s in all, the longest M s, K comparisons".
+    fn summary(&self) -> String {
+        let d = self.0.lock().unwrap();
+        let current = d.quiet_since.map(|since| since.elapsed()).unwrap_or_default();
+        format!(
+            "quiet {:.0} s in all, the longest spell {:.0} s, {} comparisons by Argo CD meanwhile, no diff",
+            (d.total + current).as_secs_f64(),
+            d.longest.max(current).as_secs_f64(),
+            d.compared
+        )
+    }
+}
+
 struct Gitops {
     kind: KindFederation,
     region: String,
@@ -121,6 +220,7 @@ struct Gitops {
     work: tempfile::TempDir,
     push_to: String,
     values: serde_yaml::Value,
+    drift: DriftWatch,
 }
 
 impl Gitops {
@@ -138,7 +238,7 @@ impl Gitops {
         let apps = Api::namespaced_with(kind.kube(&region).await.unwrap(), "argocd", &resource);
         let values = serde_yaml::from_str(&std::fs::read_to_string(env("AETHER_GITOPS_VALUES")).unwrap()).unwrap();
         let work = tempfile::Builder::new().prefix("aether-gitops-").tempdir().unwrap();
-        Gitops { kind, region, peers, apps, work, push_to: env("GITOPS_REPO"), values }
+        Gitops { kind, region, peers, apps, work, push_to: env("GITOPS_REPO"), values, drift: DriftWatch::default() }
     }
 
     fn git(&self, args: &[&str]) -> String {
@@ -155,6 +255,7 @@ impl Gitops {
 
     /// Commits the values as they are now (and the chart, the first time) and pushes; the commit.
     fn commit(&self, message: &str) -> String {
+        self.drift.changing();
         let chart = self.work.path().join("charts/aether-federation");
         if !chart.exists() {
             self.git(&["init", "-q", "-b", "main"]);
@@ -315,26 +416,32 @@ async fn first_sync(g: &Gitops) -> anyhow::Result<()> {
     write_endpoints(g, 50).await?;
     g.apps.create(&PostParams::default(), &application(&env("GITOPS_REPO_IN_CLUSTER"))).await?;
     let took = g.wait("first sync", SYNC, |v| v.settled_at(&revision)).await?.never_degraded("the first sync")?;
+    g.drift.settled();
     g.copies_whole(COPY).await?;
     println!("gitops: first sync: Synced/Healthy {took:.1} s after the Application; the copy whole on {:?}", g.peers);
     Ok(())
 }
 
-/// The Application stays Synced: nothing the operator or the API server writes shows as a diff.
+/// The Application stays Synced for AETHER_GITOPS_DRIFT_SECONDS (five minutes) after the first
+/// sync, while Argo CD compares it again and again: nothing the operator or the API server writes
+/// or defaults shows as a diff. (The drift watch asserts the same between every later sync and the
+/// next change, for the whole run.)
 async fn no_drift(g: &Gitops) -> anyhow::Result<()> {
-    let seconds: u64 = std::env::var("AETHER_GITOPS_DRIFT_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(seconds) {
-        let view = g.view().await?.ok_or_else(|| anyhow::anyhow!("the Application is gone"))?;
-        anyhow::ensure!(
-            view.sync == "Synced",
-            "{:.0} s after the sync Argo CD shows a diff: {}",
-            start.elapsed().as_secs_f64(),
-            view.line()
-        );
+    let seconds: u64 = std::env::var("AETHER_GITOPS_DRIFT_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(300);
+    let window = Duration::from_secs(seconds);
+    let compared_before = g.drift.compared();
+    loop {
+        g.drift.verdict()?;
+        let quiet = g.drift.quiet_for().ok_or_else(|| anyhow::anyhow!("no settled sync to watch"))?;
+        if quiet >= window {
+            break;
+        }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    println!("gitops: no drift: Synced for {seconds} s");
+    let compared = g.drift.compared() - compared_before;
+    // A window in which Argo CD never compared proves nothing.
+    anyhow::ensure!(compared >= 2, "Argo CD compared the Application {compared} times in {seconds} s");
+    println!("gitops: no drift: Synced for {seconds} s after the sync, through {compared} comparisons by Argo CD");
     Ok(())
 }
 
@@ -351,6 +458,7 @@ async fn change_committed(g: &mut Gitops) -> anyhow::Result<()> {
     }
     reading.abort();
     let took = waited?.never_degraded("the TTL change")?;
+    g.drift.settled();
     let rp = peering(&g.kind, &g.region).await?;
     anyhow::ensure!(rp.spec.lease.ttl_seconds == 45, "the RegionPeering's TTL is {}", rp.spec.lease.ttl_seconds);
     g.copies_whole(COPY).await?;
@@ -419,6 +527,7 @@ async fn peer_fault(g: &mut Gitops) -> anyhow::Result<()> {
 async fn self_heal(g: &mut Gitops) -> anyhow::Result<()> {
     let api: Api<aether_operator::api::RegionPeering> = Api::namespaced(g.kind.kube(&g.region).await?, NAMESPACE);
     let edit = serde_json::json!({"spec": {"lease": {"keepaliveIntervalSeconds": 7}}});
+    g.drift.changing();
     api.patch(&g.region, &PatchParams::default(), &Patch::Merge(edit)).await?;
     let start = Instant::now();
     loop {
@@ -431,6 +540,7 @@ async fn self_heal(g: &mut Gitops) -> anyhow::Result<()> {
     }
     let took = start.elapsed().as_secs_f64();
     g.wait("after the self-heal", SYNC, |v| v.sync == "Synced" && v.health == "Healthy").await?;
+    g.drift.settled();
     println!("gitops: self-heal: the hand edit undone {took:.1} s after it");
     Ok(())
 }
@@ -500,12 +610,15 @@ async fn upgrade_reverted(g: &mut Gitops) -> anyhow::Result<()> {
         g.set(&["image", "tag"], new_tag.clone().into());
         let revision = g.commit(&format!("operator {new_tag}"));
         let up = g.wait("the upgrade", SYNC, |v| v.settled_at(&revision)).await?.never_degraded("the upgrade")?;
+        g.drift.settled();
         aether_harness::wait_until(&format!("every operator pod on {new_image}"), SYNC, || operator_on(g, &new_image))
             .await?;
+        g.drift.changing();
         g.git(&["revert", "--no-edit", "HEAD"]);
         g.git(&["push", "-q", &g.push_to, "main"]);
         let revision = g.git(&["rev-parse", "HEAD"]);
         let back = g.wait("the revert", SYNC, |v| v.settled_at(&revision)).await?.never_degraded("the revert")?;
+        g.drift.settled();
         aether_harness::wait_until(&format!("every operator pod on {old_image}"), SYNC, || operator_on(g, &old_image))
             .await?;
         anyhow::Ok((up, back))
@@ -537,6 +650,7 @@ async fn delete_application(g: &mut Gitops) -> anyhow::Result<()> {
         g.values["regionPeering"]["deletionPolicy"] == "Delete",
         "the scenario needs deletionPolicy Delete"
     );
+    g.drift.changing();
     let start = Instant::now();
     g.apps.delete(APP, &DeleteParams::default()).await?;
     loop {
@@ -592,11 +706,13 @@ async fn delete_application(g: &mut Gitops) -> anyhow::Result<()> {
 
 async fn main_scenarios() {
     let mut g = Gitops::new().await;
+    let watching = g.drift.start(g.apps.clone());
     macro_rules! scenario {
         ($name:ident $(, $arg:expr)?) => {
             if selected(stringify!($name)) {
                 println!("gitops: --- {} ---", stringify!($name));
-                if let Err(e) = $name(&mut g $(, $arg)?).await {
+                let result = $name(&mut g $(, $arg)?).await;
+                if let Err(e) = result.and_then(|()| g.drift.verdict()) {
                     g.report().await;
                     panic!("gitops: {} failed: {e:#}", stringify!($name));
                 }
@@ -610,6 +726,8 @@ async fn main_scenarios() {
     scenario!(self_heal);
     scenario!(upgrade_reverted);
     scenario!(delete_application);
+    watching.abort();
+    println!("gitops: drift watch: {}", g.drift.summary());
 }
 
 #[tokio::test]
@@ -644,4 +762,31 @@ fn argo_cds_view_lists_each_resource_not_synced_or_not_healthy() {
     assert!(!view.settled_at("0123456789abcdef"), "Degraded is not settled");
     assert!(view.line().starts_with("Synced/Degraded at 01234567, operation Succeeded"), "{}", view.line());
     assert!(names(&view.unwell[0], "b") && !names(&view.unwell[0], "ro") && !names("bookkeeping", "b"));
+}
+
+#[test]
+fn the_drift_watch_fails_only_a_diff_seen_while_quiet() {
+    let synced = View { sync: "Synced".into(), health: "Healthy".into(), ..View::default() };
+    let diff = View { sync: "OutOfSync".into(), ..synced.clone() };
+    let watch = DriftWatch::default();
+    // Before the first sync settles, and while a change is under way, a diff is the change.
+    watch.saw(Instant::now(), &diff, "t0");
+    watch.settled();
+    watch.saw(Instant::now(), &synced, "t1");
+    watch.saw(Instant::now(), &synced, "t1");
+    watch.saw(Instant::now(), &synced, "t2");
+    assert_eq!(watch.compared(), 2, "two distinct comparisons while quiet");
+    let asked = Instant::now();
+    watch.changing();
+    watch.saw(Instant::now(), &diff, "t3");
+    assert!(watch.verdict().is_ok());
+    // A view asked for during the change and answered after the next settle is not drift.
+    watch.settled();
+    watch.saw(asked, &diff, "t3");
+    assert!(watch.verdict().is_ok() && watch.quiet_for().is_some());
+    // A diff asked for while quiet is.
+    watch.saw(Instant::now(), &diff, "t4");
+    let verdict = watch.verdict().unwrap_err().to_string();
+    assert!(verdict.contains("after a settled sync Argo CD shows a diff: OutOfSync/Healthy"), "{verdict}");
+    assert!(watch.summary().starts_with("quiet "), "{}", watch.summary());
 }

@@ -69,7 +69,8 @@
 #      namespace, helm lists no release, the CRDs stay (Established; Helm never deletes crds/).
 #  10. GitOps: real Argo CD (hack/argocd/) in aether-a syncs the chart and a's RegionPeering from a
 #      git server in the cluster; the scenarios are Rust (e2e/tests/gitops.rs, AETHER_E2E_SCENARIOS
-#      selects them by name): first sync, no drift, a TTL change committed, a peer's etcd stopped
+#      selects them by name): first sync, no drift for five minutes (and a drift watch from every
+#      later sync to the next change), a TTL change committed, a peer's etcd stopped
 #      (Degraded, the peer named) and back, self-heal, an upgrade committed then `git revert`ed
 #      under 100 writes/s, the Application deleted (the deletion
 #      policy applied while the operator runs, nothing Terminating).
