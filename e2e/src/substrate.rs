@@ -154,20 +154,46 @@ impl KindFederation {
     }
 }
 
-impl Substrate for KindFederation {
-    async fn registry(&self, region: &str) -> anyhow::Result<Client> {
+impl KindFederation {
+    /// A client of `region`'s registry etcd as the user whose client certificate (PEM) and key
+    /// are given (the etcd takes the user from the certificate's CN).
+    pub async fn registry_as(&self, region: &str, cert: &[u8], key: &[u8]) -> anyhow::Result<Client> {
         let ip = String::from_utf8(self.region_file(region, "node-ip")?)?;
         let tls = etcd_client::TlsOptions::new()
             .ca_certificate(etcd_client::Certificate::from_pem(self.region_file(region, "ca.crt")?))
-            .identity(etcd_client::Identity::from_pem(
-                self.region_file(region, "client-root.crt")?,
-                self.region_file(region, "client-root.key")?,
-            ));
+            .identity(etcd_client::Identity::from_pem(cert, key));
         let options = etcd_client::ConnectOptions::new()
             .with_tls(tls)
             .with_connect_timeout(Duration::from_secs(5))
             .with_timeout(Duration::from_secs(10));
         Ok(Client::connect([format!("https://{}:{}", ip.trim(), self.nodeport)], Some(options)).await?)
+    }
+
+    /// A new client certificate for `user`, signed by `region`'s CA as federation.sh signs its
+    /// users' (P-256, clientAuth): (certificate, key), PEM.
+    pub fn client_certificate(&self, region: &str, user: &str) -> anyhow::Result<(String, String)> {
+        use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose};
+        let ca_key = KeyPair::from_pem(&String::from_utf8(self.region_file(region, "ca.key")?)?)?;
+        let issuer = Issuer::from_ca_cert_pem(&String::from_utf8(self.region_file(region, "ca.crt")?)?, ca_key)?;
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params.distinguished_name.push(DnType::CommonName, user);
+        params.is_ca = IsCa::ExplicitNoCa;
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let key = KeyPair::generate()?;
+        let cert = params.signed_by(&key, &issuer)?;
+        Ok((cert.pem(), key.serialize_pem()))
+    }
+}
+
+impl Substrate for KindFederation {
+    async fn registry(&self, region: &str) -> anyhow::Result<Client> {
+        self.registry_as(
+            region,
+            &self.region_file(region, "client-root.crt")?,
+            &self.region_file(region, "client-root.key")?,
+        )
+        .await
     }
     async fn kube(&self, region: &str) -> anyhow::Result<kube::Client> {
         let kubeconfig = kube::config::Kubeconfig::read_from(self.dir.join("kubeconfig"))?;
@@ -179,7 +205,9 @@ impl Substrate for KindFederation {
 }
 
 /// The chart's release in every kind region (hack/kind/e2e.sh installs it as `aether`).
-const KIND_RELEASE: &str = "aether";
+pub const KIND_RELEASE: &str = "aether";
+/// The label selector of the release's operator Pods.
+pub const KIND_OPERATOR_PODS: &str = "app.kubernetes.io/name=aether-operator,app.kubernetes.io/instance=aether";
 
 impl KindFederation {
     /// `replicas` for the workload `name` of `region` (a Deployment or a StatefulSet), as `kubectl
@@ -285,8 +313,7 @@ impl Faults for KindFederation {
     async fn lose_operators(&mut self, region: &str) -> anyhow::Result<()> {
         self.scale::<Deployment>(region, KIND_RELEASE, 0).await?;
         let pods: Api<Pod> = Api::namespaced(self.kube(region).await?, NAMESPACE);
-        let operators = ListParams::default()
-            .labels(&format!("app.kubernetes.io/name=aether-operator,app.kubernetes.io/instance={KIND_RELEASE}"));
+        let operators = ListParams::default().labels(KIND_OPERATOR_PODS);
         let (pods, operators) = (&pods, &operators);
         let what = format!("no operator Pod left in {region}");
         aether_harness::wait_until(&what, Duration::from_secs(60), || async move {

@@ -548,7 +548,7 @@ async fn self_heal(g: &mut Gitops) -> anyhow::Result<()> {
 /// Every operator pod runs `image` and none is going away.
 async fn operator_on(g: &Gitops, image: &str) -> anyhow::Result<bool> {
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(g.kind.kube(&g.region).await?, NAMESPACE);
-    let selector = "app.kubernetes.io/name=aether-operator,app.kubernetes.io/instance=aether";
+    let selector = aether_e2e::substrate::KIND_OPERATOR_PODS;
     let pods = pods.list(&kube::api::ListParams::default().labels(selector)).await?.items;
     Ok(!pods.is_empty()
         && pods.iter().all(|pod| {

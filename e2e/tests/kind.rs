@@ -4,8 +4,11 @@
 //! AETHER_E2E_KEYS and AETHER_E2E_DELETE (default 50 and 10), AETHER_E2E_PROPAGATION_TIMEOUT (s,
 //! default 120); for the region loss AETHER_E2E_LAPSE_MARGIN, AETHER_E2E_STATUS_MARGIN,
 //! AETHER_E2E_REFRESH_SECONDS and AETHER_E2E_RECOVERY_TIMEOUT (5, 10, 5 and 180 s); for the
-//! handoffs AETHER_E2E_FORCED_READY_BOUND and AETHER_E2E_HANDOFF_TIMEOUT (60 and 180 s).
+//! handoffs AETHER_E2E_FORCED_READY_BOUND and AETHER_E2E_HANDOFF_TIMEOUT (60 and 180 s); for the
+//! rotation AETHER_E2E_REFRESH_SECONDS, AETHER_E2E_STATUS_MARGIN and AETHER_E2E_ROTATION_TIMEOUT
+//! (5, 10 and 60 s).
 use aether_e2e::scenarios::handoff::{HandoffBounds, leader_handoff};
+use aether_e2e::scenarios::rotation::{RotationBounds, rotate_peer_certificate};
 use aether_e2e::scenarios::{LossBounds, data_path, region_loss, region_recovery};
 use aether_e2e::substrate::{Faults, KindFederation, LeaderLoss};
 use std::time::Duration;
@@ -115,4 +118,30 @@ async fn leader_handoffs() {
         );
         println!("time: {how}: keys of a re-put on b by the new leader = {} of {}", h.reput, h.keys);
     }
+}
+
+/// a's client certificate for b replaced in its Secret by a new one for the same user: a's leader
+/// restarts the worker for b within a refresh and a margin and the new worker adopts the leases, no
+/// Pod restarts, the leader stays, and a key put into a afterwards reaches b.
+#[tokio::test]
+#[ignore = "needs the kind clusters hack/kind/e2e.sh makes"]
+async fn secret_rotation() {
+    let kind = KindFederation::from_env().unwrap();
+    let refresh = number("AETHER_E2E_REFRESH_SECONDS", 5);
+    let bounds = RotationBounds {
+        refresh: Duration::from_secs(refresh),
+        margin: Duration::from_secs(number("AETHER_E2E_STATUS_MARGIN", 10)),
+        timeout: Duration::from_secs(number("AETHER_E2E_ROTATION_TIMEOUT", 60)),
+        propagation: Duration::from_secs(number("AETHER_E2E_PROPAGATION_TIMEOUT", 120)),
+    };
+    let r = rotate_peer_certificate(&kind, "a", "b", &bounds).await.unwrap_or_else(|e| panic!("rotation: {e:#}"));
+    let seconds = |d: Duration| format!("{:.1} s", d.as_secs_f64());
+    println!(
+        "time: rotation: registry-etcd-peer-b replaced to {}'s worker for b restarted (refresh {refresh} s) = {}",
+        r.leader,
+        seconds(r.restarted)
+    );
+    let how = if r.resynced { "ran a full sync (ResyncStarted)" } else { "adopted the leases (LeasesAdopted)" };
+    println!("time: rotation: the new worker = {how} ({})", seconds(r.taken_up));
+    println!("time: rotation: put after the rotation to visible on b = {}", seconds(r.put_to_visible));
 }

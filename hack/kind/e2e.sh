@@ -140,7 +140,7 @@ need_root "the kind e2e"
 [[ -x $etcdctl_bin ]] || die "$etcdctl_bin is missing: run 'make tools'"
 command -v python3 >/dev/null || die "python3 is needed"
 command -v curl >/dev/null || die "curl is needed (the metrics scrape; apt-get install curl)"
-command -v openssl >/dev/null || die "openssl is needed (the secret rotation's certificate; apt-get install openssl)"
+command -v openssl >/dev/null || die "openssl is needed (federation.sh makes the certificates with it; apt-get install openssl)"
 version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version *= *"\(.*\)"/\1/p' "$root/Cargo.toml")
 [[ -n $version ]] || die "no version in Cargo.toml's [workspace.package]"
 archive=${AETHER_OPERATOR_ARCHIVE:-$root/target/image/aether-operator-$version.oci.tar}
@@ -1098,100 +1098,18 @@ upgrade_and_rollback() {
 }
 
 # --- 9. A peer Secret rotated without a restart ------------------------------------------------------
-# The operator reads each connection's Secret at every reconcile (controllers/region_peering.rs:
-# read -> resolve -> resolve_connection, every --refresh-seconds) and builds a fingerprint of the
-# endpoints and the Secret's ca.crt, tls.crt, tls.key, username and password
-# (controllers/etcd_access.rs: access); a changed fingerprint restarts that peer's mirror worker
-# (plan::decide: WorkerChange::Restart; act: stop_worker, start_worker, which log "mirror worker
-# stopped" / "mirror worker started"), over a new connection with the new material. Here: a new
-# client certificate for mirror-a from b's CA (CN=mirror-a, as federation.sh makes them), written
-# into a's Secret registry-etcd-peer-b (kubectl patch; username and password kept). Then: the
-# leader logs the worker's restart for peer b within --refresh-seconds + AETHER_E2E_STATUS_MARGIN s,
-# no operator Pod restarted or replaced (names and restartCount), the same leader, the new worker
-# adopted the leases (LeasesAdopted) with no ResyncStarted, and a key put into a afterwards is on b.
-worker_log_count() { # POD MESSAGE: how often POD logged MESSAGE for peer p
-  k "$o" -n "$NS" logs "$1" 2>/dev/null | grep -F "\"message\":\"$2\"" | grep -cF "\"peer\":\"$p\"" || true
-}
+# The step itself is Rust (e2e/src/scenarios/rotation.rs; e2e/tests/kind.rs, secret_rotation): a
+# new client certificate for mirror-a from b's CA written into a's Secret registry-etcd-peer-b. The
+# leader restarts its worker for b within --refresh-seconds + AETHER_E2E_STATUS_MARGIN s, the new
+# worker adopts the leases, no operator Pod restarts or is replaced, the leader stays, and a key put
+# into a afterwards reaches b.
 rotate_peer_secret() {
-  phase="secret rotation ($o -> $p)"
-  local secret=registry-etcd-peer-$p d=$fed_dir/region-$p name=client-mirror-$o-rotated
-  local leader pods_before stopped_before started_before resync_events_before adopted_events_before old_serial new_serial refresh
-  # The new certificate, from p's CA.
-  openssl req -new -nodes -newkey ec -pkeyopt ec_paramgen_curve:P-256 -keyout "$e2e_tmp/$name.key" -out "$e2e_tmp/$name.csr" \
-    -subj "/CN=mirror-$o" 2>/dev/null || fail "openssl req for the rotated mirror-$o certificate"
-  openssl x509 -req -in "$e2e_tmp/$name.csr" -CA "$d/ca.crt" -CAkey "$d/ca.key" -CAcreateserial -days 29 -sha256 \
-    -out "$e2e_tmp/$name.crt" -extfile <(printf 'basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth') 2>/dev/null \
-    || fail "openssl x509 (signing the rotated mirror-$o certificate with $p's CA)"
-  old_serial=$(k "$o" -n "$NS" get secret "$secret" -o jsonpath='{.data.tls\.crt}' | base64 -d | openssl x509 -noout -serial 2>/dev/null)
-  new_serial=$(openssl x509 -in "$e2e_tmp/$name.crt" -noout -serial)
-  [[ -n $old_serial && $old_serial != "$new_serial" ]] || fail "the rotated certificate's serial ($new_serial) is not new (the Secret's: $old_serial)"
-  # It works on p's etcd as mirror-o (the user is the certificate's CN).
-  "$etcdctl_bin" --endpoints "https://$(cat "$d/node-ip"):$NODEPORT" --cacert "$d/ca.crt" --cert "$e2e_tmp/$name.crt" --key "$e2e_tmp/$name.key" \
-    --dial-timeout 5s --command-timeout 10s get --prefix --keys-only --limit 1 "$pre" >/dev/null \
-    || fail "the rotated certificate does not read $pre on aether-$p as mirror-$o"
-
-  k "$o" -n "$NS" rollout status "deployment/$RELEASE" --timeout 120s >/dev/null || fail "deployment/$RELEASE in aether-$o not rolled out before the rotation"
-  leader=$(holder || true)
-  [[ -n $leader ]] || fail "no holder of the Lease $LEASE_NAME in aether-$o"
-  pods_before=$(operator_pod_lines "$o" | awk '{print $1, $3}' | sort)
-  stopped_before=$(worker_log_count "$leader" "mirror worker stopped")
-  started_before=$(worker_log_count "$leader" "mirror worker started")
-  resync_events_before=$(event_count ResyncStarted) || fail "reading the events of regionpeering/$o"
-  adopted_events_before=$(event_count LeasesAdopted) || fail "reading the events of regionpeering/$o"
+  phase="secret rotation ($o -> $p) (e2e/tests/kind.rs: secret_rotation)"
+  local refresh
   refresh=$(deploy_arg "$o" refresh-seconds || true); refresh=${refresh:-5}
-  say "rotation: $secret in aether-$o: client certificate $old_serial -> $new_serial (CN=mirror-$o, $p's CA); leader $leader has logged 'mirror worker started' for $p $started_before times, 'stopped' $stopped_before; pods: $(tr '\n' ';' <<<"$pods_before")"
-
-  local t0 t_restart='' t_event='' now stopped started how=''
-  t0=$(now_ms)
-  k "$o" -n "$NS" patch secret "$secret" --type merge \
-    -p "{\"data\":{\"tls.crt\":\"$(base64 -w0 "$e2e_tmp/$name.crt")\",\"tls.key\":\"$(base64 -w0 "$e2e_tmp/$name.key")\"}}" >/dev/null \
-    || fail "kubectl patch secret $secret in aether-$o"
-  while :; do
-    now=$(now_ms)
-    if [[ -z $t_restart ]]; then
-      stopped=$(worker_log_count "$leader" "mirror worker stopped") started=$(worker_log_count "$leader" "mirror worker started")
-      if ((stopped > stopped_before && started > started_before)); then
-        t_restart=$now; say "rotation: $leader restarted the mirror worker for $p $(secs $((now - t0))) s after the Secret changed"
-      fi
-    fi
-    if [[ -n $t_restart && -z $t_event ]]; then
-      if (($(event_count LeasesAdopted || echo 0) > adopted_events_before)); then t_event=$now how="adopted the leases (LeasesAdopted)"
-      elif (($(event_count ResyncStarted || echo 0) > resync_events_before)); then t_event=$now how="ran a full sync (ResyncStarted)"; fi
-    fi
-    [[ -n $t_restart && -n $t_event ]] && break
-    if ((now - t0 > ROTATION_TIMEOUT * 1000)); then
-      echo "e2e: $ROTATION_TIMEOUT s after replacing $secret: 'mirror worker stopped' for $p logged by $leader $stopped_before -> ${stopped:-?}, 'started' $started_before -> ${started:-?}; LeasesAdopted events $adopted_events_before -> $(event_count LeasesAdopted || true), ResyncStarted $resync_events_before -> $(event_count ResyncStarted || true); the leader's last log lines:" >&2
-      k "$o" -n "$NS" logs "$leader" --tail 15 >&2 || true
-      rp_summary "$o" >&2
-      fail "the operator in aether-$o did not take up the rotated $secret within $ROTATION_TIMEOUT s without a restart"
-    fi
-    sleep 0.5
-  done
-  record "rotation: $secret replaced to the mirror worker restarted (refresh ${refresh} s)" "$(secs $((t_restart - t0))) s"
-  ((t_restart - t0 <= (refresh + STATUS_MARGIN) * 1000)) \
-    || fail "the mirror worker restarted $(secs $((t_restart - t0))) s after the Secret changed: more than --refresh-seconds ($refresh) + $STATUS_MARGIN s"
-  record "rotation: the new worker" "$how ($(secs $((t_event - t0))) s)"
-  # No restart: the same Pods, the same restart counts, the same leader.
-  local pods_after; pods_after=$(operator_pod_lines "$o" | awk '{print $1, $3}' | sort)
-  [[ $pods_after == "$pods_before" ]] || fail "the operator's Pods in aether-$o changed across the rotation: before $(tr '\n' ';' <<<"$pods_before"), after $(tr '\n' ';' <<<"$pods_after")"
-  [[ $(holder) == "$leader" ]] || fail "the leader changed across the rotation: $leader -> $(holder)"
-  say "ok: rotation: no Pod restarted or replaced ($(tr '\n' ';' <<<"$pods_after")), $leader still leads"
-  (($(event_count ResyncStarted) == resync_events_before)) || say "rotation: note: the new worker ran a full sync (ResyncStarted $resync_events_before -> $(event_count ResyncStarted))"
-  # Data still flows a -> b, over the new connection.
-  local key t_put; key=$(endpoint_key "$o" "$(region_index "$o")" 999)
-  key=${key/services\/echo/services\/rotation}
-  t_put=$(now_ms)
-  ectl "$o" put "$key" "{\"clusterName\":\"kind-$o\",\"rotated\":\"$new_serial\",\"run\":\"$run_id\"}" >/dev/null || fail "etcdctl put into aether-$o"
-  wait_copy "$o" "$p" "rotation: a key put into aether-$o after the rotation visible in aether-$p" \
-    || fail "a key put into aether-$o after the Secret rotation not on aether-$p within $PROPAGATION_TIMEOUT s"
-  record "rotation: put after the rotation to visible on $p" "$(secs $(($(now_ms) - t_put))) s"
-  local start=$SECONDS
-  until [[ $(ready_status "$o") == True && $(rp_peer_of "$o" "$p" phase) == Watching ]]; do
-    ((SECONDS - start < 60)) || { rp_summary "$o" >&2; fail "regionpeering/$o not Ready with peers[$p] Watching within 60 s of the rotation"; }
-    sleep 1
-  done
-  say "ok: rotation: regionpeering/$o Ready, peers[$p] Watching, under $leader"
-  rp_summary "$o" >&2
+  rust_step secret_rotation AETHER_E2E_REFRESH_SECONDS="$refresh" AETHER_E2E_STATUS_MARGIN="$STATUS_MARGIN" \
+    AETHER_E2E_ROTATION_TIMEOUT="$ROTATION_TIMEOUT" AETHER_E2E_PROPAGATION_TIMEOUT="$PROPAGATION_TIMEOUT" \
+    || { rp_summary "$o" >&2; k "$o" -n "$NS" logs "$(holder)" --tail 15 >&2 || true; fail "the Secret rotation (e2e/tests/kind.rs, its output above)"; }
 }
 
 # --- 10. helm uninstall through the chart's pre-delete hook, in both clusters -------------------------

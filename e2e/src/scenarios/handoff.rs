@@ -71,7 +71,7 @@ async fn lease_view(leases: &Api<Lease>, name: &str) -> anyhow::Result<LeaseView
 
 /// Events of `region`'s RegionPeering with `reason`, repetitions counted (the recorder folds
 /// them into a series).
-async fn event_count(kube: &kube::Client, region: &str, reason: &str) -> anyhow::Result<i64> {
+pub(crate) async fn event_count(kube: &kube::Client, region: &str, reason: &str) -> anyhow::Result<i64> {
     let events: Api<Event> = Api::namespaced(kube.clone(), NAMESPACE);
     let selector = format!("involvedObject.kind=RegionPeering,involvedObject.name={region},reason={reason}");
     let listed = events.list(&ListParams::default().fields(&selector)).await?;
