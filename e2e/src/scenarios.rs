@@ -3,6 +3,7 @@
 //! hack/kind/e2e.sh runs by name).
 pub mod handoff;
 pub mod rotation;
+pub mod uninstall;
 
 use crate::substrate::{Faults, Substrate, subtree, wait_copy_whole};
 use aether_operator::keys;

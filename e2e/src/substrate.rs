@@ -147,6 +147,16 @@ impl KindFederation {
         Ok(KindFederation { dir, nodeport })
     }
 
+    /// A command of the shipped tool `tool` (helm, kubectl) against `region`'s cluster, in the
+    /// operator's namespace.
+    pub fn tool(&self, tool: &str, region: &str) -> anyhow::Result<tokio::process::Command> {
+        let mut command = tokio::process::Command::new(aether_harness::tool_path(tool)?);
+        let context = format!("kind-aether-{region}");
+        let context_flag = if tool == "helm" { "--kube-context" } else { "--context" };
+        command.arg("--kubeconfig").arg(self.dir.join("kubeconfig")).args([context_flag, &context, "-n", NAMESPACE]);
+        Ok(command)
+    }
+
     fn region_file(&self, region: &str, name: &str) -> anyhow::Result<Vec<u8>> {
         let path = self.dir.join(format!("region-{region}")).join(name);
         std::fs::read(&path)

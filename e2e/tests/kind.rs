@@ -6,11 +6,13 @@
 //! AETHER_E2E_REFRESH_SECONDS and AETHER_E2E_RECOVERY_TIMEOUT (5, 10, 5 and 180 s); for the
 //! handoffs AETHER_E2E_FORCED_READY_BOUND and AETHER_E2E_HANDOFF_TIMEOUT (60 and 180 s); for the
 //! rotation AETHER_E2E_REFRESH_SECONDS, AETHER_E2E_STATUS_MARGIN and AETHER_E2E_ROTATION_TIMEOUT
-//! (5, 10 and 60 s).
+//! (5, 10 and 60 s); for the uninstall AETHER_E2E_REGIONS (the regions installed, default a,b) and
+//! AETHER_E2E_UNINSTALL_TIMEOUT (300 s).
 use aether_e2e::scenarios::handoff::{HandoffBounds, leader_handoff};
 use aether_e2e::scenarios::rotation::{RotationBounds, rotate_peer_certificate};
+use aether_e2e::scenarios::uninstall::helm_uninstall;
 use aether_e2e::scenarios::{LossBounds, data_path, region_loss, region_recovery};
-use aether_e2e::substrate::{Faults, KindFederation, LeaderLoss};
+use aether_e2e::substrate::{Faults, KindFederation, LeaderLoss, subtree};
 use std::time::Duration;
 
 fn number(name: &str, default: u64) -> u64 {
@@ -144,4 +146,47 @@ async fn secret_rotation() {
     let how = if r.resynced { "ran a full sync (ResyncStarted)" } else { "adopted the leases (LeasesAdopted)" };
     println!("time: rotation: the new worker = {how} ({})", seconds(r.taken_up));
     println!("time: rotation: put after the rotation to visible on b = {}", seconds(r.put_to_visible));
+}
+
+/// `helm uninstall --wait` in every region, one after the other, through the chart's pre-delete
+/// hook: the hook Job succeeds, the RegionPeering and every object of the release go, nothing is
+/// left Terminating, helm lists no release, and the CRDs stay.
+#[tokio::test]
+#[ignore = "needs the kind clusters hack/kind/e2e.sh makes"]
+async fn helm_uninstall_everywhere() {
+    let kind = KindFederation::from_env().unwrap();
+    let regions = std::env::var("AETHER_E2E_REGIONS").unwrap_or_else(|_| "a,b".into());
+    let regions: Vec<&str> = regions.split(',').map(str::trim).filter(|r| !r.is_empty()).collect();
+    let timeout = Duration::from_secs(number("AETHER_E2E_UNINSTALL_TIMEOUT", 300));
+    let seconds = |d: Duration| format!("{:.1} s", d.as_secs_f64());
+    for region in &regions {
+        let u = helm_uninstall(&kind, region, timeout).await.unwrap_or_else(|e| panic!("uninstall {region}: {e:#}"));
+        println!(
+            "time: uninstall aether-{region}: helm uninstall --wait (hook Job, finalizer, the release's objects) = {}",
+            seconds(u.helm)
+        );
+        if let Some(hook) = u.hook {
+            println!("time: uninstall aether-{region}: hook Job succeeded = {}", seconds(hook));
+        }
+        println!(
+            "time: uninstall aether-{region}: helm uninstall to regionpeering/{region} gone (finalizer run) = {}",
+            seconds(u.peering_gone)
+        );
+        println!(
+            "time: uninstall aether-{region}: helm returned to nothing of the release left, nothing Terminating = {}",
+            seconds(u.clean)
+        );
+    }
+    // deletionPolicy Lapse (the default) leaves the copies to lapse with their leases.
+    for origin in &regions {
+        for peer in regions.iter().filter(|p| *p != origin) {
+            let held = subtree(&kind, peer, origin)
+                .await
+                .map(|copy| copy.len().to_string())
+                .unwrap_or_else(|e| format!("? ({e})"));
+            println!(
+                "uninstall: {origin}'s copy on {peer} holds {held} keys now (deletionPolicy Lapse: they lapse with their leases)"
+            );
+        }
+    }
 }

@@ -1112,110 +1112,19 @@ rotate_peer_secret() {
     || { rp_summary "$o" >&2; k "$o" -n "$NS" logs "$(holder)" --tail 15 >&2 || true; fail "the Secret rotation (e2e/tests/kind.rs, its output above)"; }
 }
 
-# --- 10. helm uninstall through the chart's pre-delete hook, in both clusters -------------------------
-# templates/uninstall-hook.yaml: before Helm deletes anything, a Job (kubectl, the image images.sh
-# built) deletes the RegionPeering and waits until the still-running operator has run its
-# finalizer; only then does Helm delete the operator. Checked: helm uninstall --wait succeeds, the
-# hook Job succeeded (seen Complete, or its Completed event once hook-succeeded deleted it), no
-# RegionPeering left, none of the release's objects left (namespaced, by the release's label, and
-# its ClusterRoles/Bindings), nothing in the namespace with a deletionTimestamp, the release gone
-# from helm list, and the CRDs still there and Established (Helm never deletes crds/; the chart
-# intends that: values.yaml, crds).
-release_leftovers() { # REGION: the release's objects still there, and the namespace's Terminating objects
-  local r=$1 kinds
-  { k "$r" get regionpeerings -A -o name
-    k "$r" -n "$NS" get deployments,replicasets,pods,services,serviceaccounts,roles,rolebindings,poddisruptionbudgets,configmaps,secrets,jobs,networkpolicies \
-      -l "app.kubernetes.io/instance=$RELEASE" -o name
-    k "$r" get clusterroles,clusterrolebindings -l "app.kubernetes.io/instance=$RELEASE" -o name
-  } 2>&1 | grep -v '^No resources found' | sed 's/^/  left: /'
-  kinds=$(k "$r" api-resources --namespaced --verbs=list -o name 2>/dev/null | grep -v '^events' | paste -sd, -)
-  k "$r" -n "$NS" get "$kinds" -o json 2>/dev/null | python3 -c '
-import json, sys
-for i in json.load(sys.stdin).get("items", []):
-    m = i["metadata"]
-    if m.get("deletionTimestamp"):
-        print("  terminating: %s/%s since %s, finalizers %s" % (i["kind"], m["name"], m["deletionTimestamp"], m.get("finalizers")))'
-}
-uninstall_release() { # REGION
-  local r=$1 job log=$log_dir/aether-kind-e2e-uninstall-$1.log t0 now rc at t_helm='' t_rp_gone='' t_job='' job_state='' start left
-  phase="helm uninstall aether-$r"
-  job=$(h "$r" -n "$NS" get hooks "$RELEASE" | awk '/^kind: Job/ {j = 1} j && /^  name:/ {print $2; exit}')
-  [[ -n $job ]] || fail "helm get hooks $RELEASE in aether-$r: no Job (regionPeering.uninstallHook.enabled should render one)"
-  k "$r" -n "$NS" get regionpeering "$r" >/dev/null || fail "regionpeering/$r in aether-$r is gone before the uninstall"
-  rm -f "$e2e_tmp/uninstall-$r.rc"
-  t0=$(now_ms)
-  ( set +e; h "$r" -n "$NS" uninstall "$RELEASE" --wait --timeout "${UNINSTALL_TIMEOUT}s" >"$log" 2>&1; echo "$? $(now_ms)" >"$e2e_tmp/uninstall-$r.rc" ) &
-  local pid=$!
-  while :; do
-    now=$(now_ms)
-    if [[ -z $t_job ]]; then
-      job_state=$(k "$r" -n "$NS" get job "$job" -o jsonpath='{.status.succeeded}/{.status.failed}' 2>/dev/null || true)
-      [[ $job_state == 1/* ]] && { t_job=$now; say "uninstall aether-$r: hook Job $job succeeded $(secs $((now - t0))) s after helm uninstall began"; }
-    fi
-    if [[ -z $t_rp_gone ]] && ! k "$r" -n "$NS" get regionpeering "$r" >/dev/null 2>&1; then
-      t_rp_gone=$now; say "uninstall aether-$r: regionpeering/$r gone $(secs $((now - t0))) s after helm uninstall began"
-    fi
-    if [[ -s $e2e_tmp/uninstall-$r.rc ]]; then
-      read -r rc at <"$e2e_tmp/uninstall-$r.rc"
-      t_helm=$at
-      break
-    fi
-    if ((now - t0 > (UNINSTALL_TIMEOUT + 30) * 1000)); then
-      k "$r" -n "$NS" describe job "$job" >&2 2>&1 || true
-      k "$r" -n "$NS" logs "job/$job" >&2 2>&1 || true
-      fail "helm uninstall in aether-$r did not return within $((UNINSTALL_TIMEOUT + 30)) s (hook Job: ${job_state:-not seen})"
-    fi
-    sleep 0.5
-  done
-  wait "$pid" 2>/dev/null || true
-  if ((rc != 0)); then
-    cat "$log" >&2
-    k "$r" -n "$NS" describe job "$job" >&2 2>&1 || true
-    k "$r" -n "$NS" logs "job/$job" >&2 2>&1 || true
-    fail "helm uninstall $RELEASE in aether-$r: exit $rc"
-  fi
-  record "uninstall aether-$r: helm uninstall --wait (hook Job, finalizer, the release's objects)" "$(secs $((t_helm - t0))) s"
-  [[ -n $t_rp_gone ]] || k "$r" -n "$NS" get regionpeering "$r" >/dev/null 2>&1 || t_rp_gone=$t_helm
-  if [[ -z $t_job ]]; then
-    # hook-succeeded deletes the Job at once: its Completed event stays.
-    local completed
-    completed=$(k "$r" -n "$NS" get events --field-selector "involvedObject.kind=Job,involvedObject.name=$job,reason=Completed" -o name 2>/dev/null | wc -l)
-    ((completed > 0)) || fail "the hook Job $job in aether-$r was never seen succeeding and has no Completed event (helm uninstall said: $(tr '\n' ' ' <<<"$(cat "$log")"))"
-    say "uninstall aether-$r: hook Job $job: gone (hook-succeeded) with a Completed event"
-  else
-    record "uninstall aether-$r: hook Job succeeded" "$(secs $((t_job - t0))) s"
-  fi
-  [[ -n $t_rp_gone ]] && record "uninstall aether-$r: helm uninstall to regionpeering/$r gone (finalizer run)" "$(secs $((t_rp_gone - t0))) s"
-  # Nothing left, nothing Terminating.
-  start=$SECONDS
-  until left=$(release_leftovers "$r") && [[ -z $left ]]; do
-    if ((SECONDS - start >= 120)); then
-      echo "e2e: 120 s after helm uninstall in aether-$r returned, still there:" >&2; echo "$left" >&2
-      fail "helm uninstall in aether-$r left objects behind (above)"
-    fi
-    sleep 1
-  done
-  record "uninstall aether-$r: helm returned to nothing of the release left, nothing Terminating" "$(secs $(($(now_ms) - t_helm))) s"
-  h "$r" -n "$NS" list -a -q | grep -qx "$RELEASE" && fail "helm list -a in aether-$r still lists $RELEASE"
-  local crd state
-  for crd in regionpeerings.federation.aether.dev registryschemas.federation.aether.dev; do
-    state=$(k "$r" get crd "$crd" -o jsonpath='{.status.conditions[?(@.type=="Established")].status} {.metadata.deletionTimestamp}' 2>&1) \
-      || fail "CRD $crd gone from aether-$r after helm uninstall: the chart keeps its CRDs (crds/), $state"
-    [[ $state == "True " ]] || fail "CRD $crd in aether-$r after helm uninstall: Established/deletionTimestamp '$state' (expected Established, not deleted)"
-  done
-  say "ok: uninstall aether-$r: hook Job succeeded, regionpeering/$r and every object of the release gone, nothing Terminating in $NS, the CRDs kept and Established"
-}
+# --- 10. helm uninstall through the chart's pre-delete hook, in every cluster ------------------------
+# The step itself is Rust (e2e/src/scenarios/uninstall.rs; e2e/tests/kind.rs,
+# helm_uninstall_everywhere): the chart's hook Job deletes the RegionPeering and waits until the
+# still-running operator has run its finalizer; only then does Helm delete the operator. Checked:
+# helm uninstall --wait succeeds, the hook Job succeeded (seen, or its Completed event once
+# hook-succeeded deleted it), no RegionPeering left, nothing of the release left (any kind, by the
+# release's label), nothing in the namespace Terminating, helm lists no release, and the CRDs still
+# there and Established (Helm never deletes crds/; the chart intends that: values.yaml, crds).
 uninstall_all() {
-  local r q n
-  for r in "${REGIONS[@]}"; do uninstall_release "$r"; done
-  # Informational: deletionPolicy Lapse (the default) leaves the copies to lapse with their leases.
-  for r in "${REGIONS[@]}"; do
-    for q in "${REGIONS[@]}"; do
-      [[ $q == "$r" ]] && continue
-      n=$(count_of "$q" "$(prefix_of "$r")" || true)
-      say "uninstall: $r's copy on $q holds $n keys now (deletionPolicy Lapse: they lapse with their leases)"
-    done
-  done
+  phase="helm uninstall in ${REGIONS[*]} (e2e/tests/kind.rs: helm_uninstall_everywhere)"
+  rust_step helm_uninstall_everywhere AETHER_E2E_REGIONS="$(IFS=,; echo "${REGIONS[*]}")" \
+    AETHER_E2E_UNINSTALL_TIMEOUT="$UNINSTALL_TIMEOUT" \
+    || fail "helm uninstall (e2e/tests/kind.rs, its output above)"
 }
 
 # --- 8b. A third region joins: c ------------------------------------------------------------------
