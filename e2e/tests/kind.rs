@@ -9,6 +9,7 @@
 //! (5, 10 and 60 s); for the uninstall AETHER_E2E_REGIONS (the regions installed, default a,b) and
 //! AETHER_E2E_UNINSTALL_TIMEOUT (300 s).
 use aether_e2e::scenarios::handoff::{HandoffBounds, leader_handoff};
+use aether_e2e::scenarios::metrics::scrape_leader;
 use aether_e2e::scenarios::rotation::{RotationBounds, rotate_peer_certificate};
 use aether_e2e::scenarios::uninstall::helm_uninstall;
 use aether_e2e::scenarios::{LossBounds, data_path, region_loss, region_recovery};
@@ -188,5 +189,26 @@ async fn helm_uninstall_everywhere() {
                 "uninstall: {origin}'s copy on {peer} holds {held} keys now (deletionPolicy Lapse: they lapse with their leases)"
             );
         }
+    }
+}
+
+/// a's leader's /metrics through the chart's defaults: HTTPS, a bound ServiceAccount's token gets
+/// 200 and the operator's families (the mirror a -> b among them); no token, a token that is none
+/// and an unbound ServiceAccount's token are refused.
+#[tokio::test]
+#[ignore = "needs the kind clusters hack/kind/e2e.sh makes"]
+async fn metrics_scrape() {
+    let kind = KindFederation::from_env().unwrap();
+    let s = scrape_leader(&kind, "a", "b").await.unwrap_or_else(|e| panic!("metrics: {e:#}"));
+    let scheme =
+        if s.secure { "HTTPS with a ServiceAccount token" } else { "plain HTTP (no --metrics-secure): open to anyone" };
+    println!(
+        "time: metrics: scrape of the leader {} over {scheme} ({} families) = {:.2} s",
+        s.leader,
+        s.families,
+        s.took.as_secs_f64()
+    );
+    for (what, status) in s.refused {
+        println!("time: metrics: /metrics with token '{what}' = HTTP {status}");
     }
 }

@@ -28,10 +28,10 @@
 #      releasing nothing, as behind a lost node) and its Pod force-deleted; the kubelet's SIGTERM
 #      stays pending behind the stop and nothing restarts it in a deleted Pod: the Lease is never
 #      released, the standby waits it out; the same checks;
-#   5. metrics over HTTPS: a ServiceAccount bound to the chart's metrics-reader ClusterRole, its
-#      token (kubectl create token), /metrics of the leader through kubectl port-forward and curl
-#      from this host: 200 with the operator's aether_federation_ families; no token 401, a bogus
-#      token 401, an unbound ServiceAccount's token 403;
+#   5. metrics over HTTPS (Rust: e2e/tests/kind.rs metrics_scrape): a ServiceAccount bound to the
+#      chart's metrics-reader ClusterRole, its token (TokenRequest), /metrics of the leader through
+#      the API server's port-forward from this host: 200 with the operator's aether_federation_
+#      families; no token 401 or 403, a bogus token 401, an unbound ServiceAccount's token 403;
 #   6. region loss (Rust, the local e2e's code: e2e/tests/kind.rs region_loss_and_recovery): a's
 #      operator scaled to 0 and a's registry etcd (StatefulSet) scaled to 0; a's
 #      copy on b must lapse within the lease TTL + keepalive interval + AETHER_E2E_LAPSE_MARGIN s of
@@ -56,7 +56,7 @@
 #      Ready under a leader on it, no new ResyncStarted event and resyncs unchanged (or 0 under a new
 #      leader that adopted the leases), no failed put, and with the writer stopped b's copy equal to
 #      a's. Then `helm rollback` to the revision before, with the same checks;
-#   8. secret rotation: a new client certificate for mirror-a from b's CA written into a's Secret
+#   8. secret rotation (Rust: e2e/tests/kind.rs secret_rotation): a new client certificate for mirror-a from b's CA written into a's Secret
 #      registry-etcd-peer-b; the leader restarts its mirror worker for b (its log) within
 #      --refresh-seconds + AETHER_E2E_STATUS_MARGIN s and adopts the leases, no Pod restarted or
 #      replaced, the same leader, and a key put into a afterwards reaches b;
@@ -64,7 +64,8 @@
 #      and b's releases upgraded with c as a peer): every RegionPeering Ready with two peers, c's
 #      keys on a and b, a's and b's subtrees on c; a -> b and b -> a not re-synced, no key of a
 #      missing on b meanwhile;
-#   9. helm uninstall in every cluster through the chart's pre-delete hook: the hook Job succeeds,
+#   9. helm uninstall (Rust, helm shelled out: e2e/tests/kind.rs helm_uninstall_everywhere) in
+#      every cluster through the chart's pre-delete hook: the hook Job succeeds,
 #      the RegionPeering and every object of the release go, nothing is left Terminating in the
 #      namespace, helm lists no release, the CRDs stay (Established; Helm never deletes crds/).
 #  10. GitOps: real Argo CD (hack/argocd/) in aether-a syncs the chart and a's RegionPeering from a
@@ -92,7 +93,7 @@
 # default 300: helm uninstall --timeout).
 #
 # Needs what federation.sh and load-operator.sh need (root, the node image's cache, `make tools`'
-# helm and etcdctl, python3, curl, openssl), the operator's OCI archive (`make image`; this script never builds
+# helm and etcdctl, python3, openssl), the operator's OCI archive (`make image`; this script never builds
 # Rust), and runs offline. Every wait polls with a deadline and says what it saw on a timeout; any
 # failure dumps `kubectl describe` of the pods and RegionPeerings, the operator's logs and the
 # events of both clusters. The measured times are printed at the end, on failure too.
@@ -139,7 +140,6 @@ need_root "the kind e2e"
 [[ -x $helm_bin ]] || die "$helm_bin is missing: run 'make tools'"
 [[ -x $etcdctl_bin ]] || die "$etcdctl_bin is missing: run 'make tools'"
 command -v python3 >/dev/null || die "python3 is needed"
-command -v curl >/dev/null || die "curl is needed (the metrics scrape; apt-get install curl)"
 command -v openssl >/dev/null || die "openssl is needed (federation.sh makes the certificates with it; apt-get install openssl)"
 version=$(sed -n '/^\[workspace.package\]/,/^\[/s/^version *= *"\(.*\)"/\1/p' "$root/Cargo.toml")
 [[ -n $version ]] || die "no version in Cargo.toml's [workspace.package]"
@@ -215,7 +215,7 @@ on_exit() {
   local rc=$?
   trap - EXIT INT TERM
   local pid
-  for pid in ${pf_pid:-} ${writer_pid:-} ${stale_watch_pid:-}; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
+  for pid in ${writer_pid:-} ${stale_watch_pid:-}; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
   [[ -n $e2e_tmp ]] && rm -rf "$e2e_tmp"
   if ((rc != 0)); then
     echo "e2e: FAILED in phase '$phase' (exit $rc); what the clusters show:" >&2
@@ -658,113 +658,14 @@ rust_step leader_handoffs AETHER_E2E_FORCED_READY_BOUND="$FORCED_READY_BOUND" AE
 rp_summary "$o" >&2
 
 # --- 6. Metrics over HTTPS, with a ServiceAccount token ---------------------------------------------
-# The chart (metrics.secure, default true) serves /metrics, /healthz and /readyz on one HTTPS port
-# (metrics.port, 8443) with a self-signed certificate; /metrics answers only bearer tokens the API
-# server authenticates (TokenReview) and allows `get` on the non-resource URL /metrics
-# (SubjectAccessReview): the ClusterRole <namespace>-<release>-metrics-reader grants it. From the
-# host through `kubectl port-forward` to the leader Pod (no image is pulled, and the operator's
-# image has no shell): a bound ServiceAccount's token gets 200 and the operator's families; no
-# token, or a token that is not one, 401; an unbound ServiceAccount's token 403.
-SCRAPER_SA=aether-e2e-metrics-scraper
-UNBOUND_SA=aether-e2e-metrics-unbound
-pf_pid=''
-stop_port_forward() {
-  [[ -n $pf_pid ]] || return 0
-  kill "$pf_pid" 2>/dev/null || true
-  wait "$pf_pid" 2>/dev/null || true
-  pf_pid=''
-}
-# scrape_metrics URL TOKEN OUT: writes the body to OUT, prints the HTTP status (000: no answer).
-scrape_metrics() {
-  local auth=()
-  [[ -n $2 ]] && auth=(-H "Authorization: Bearer $2")
-  curl -sk --max-time 10 -o "$3" -w '%{http_code}' "${auth[@]}" "$1" 2>/dev/null || true
-}
-metrics_scrape() {
-  phase="metrics over HTTPS"
-  local leader secure port role scheme pf_log body lp status t start
-  leader=$(holder) || fail "no holder of the Lease $LEASE_NAME in aether-$o"
-  k "$o" -n "$NS" wait --for=condition=Ready "pod/$leader" --timeout 60s >/dev/null || fail "the leader pod $leader is not Ready"
-  secure=$(deploy_arg "$o" metrics-secure)
-  port=$(k "$o" -n "$NS" get deployment "$RELEASE" -o jsonpath='{.spec.template.spec.containers[?(@.name=="operator")].ports[?(@.name=="metrics")].containerPort}')
-  [[ -n $port ]] || fail "deployment/$RELEASE in aether-$o has no container port named metrics"
-  if [[ $secure == true ]]; then
-    scheme=https
-    role=$(k "$o" get clusterroles -l "app.kubernetes.io/instance=$RELEASE" -o name | sed -n 's|^clusterrole.rbac.authorization.k8s.io/\(.*-metrics-reader\)$|\1|p')
-    [[ -n $role ]] || fail "the chart rendered no ClusterRole *-metrics-reader (metrics.secure is on: it should): $(k "$o" get clusterroles -l "app.kubernetes.io/instance=$RELEASE" -o name 2>&1 | tr '\n' ' ')"
-    say "metrics: the chart serves HTTPS with bearer-token authorization on port $port (--metrics-secure); reader ClusterRole $role: $(k "$o" get clusterrole "$role" -o jsonpath='{.rules}')"
-  else
-    scheme=http
-    say "metrics: the chart runs the metrics listener as plain HTTP (no --metrics-secure) on port $port: /metrics is open to anyone reaching the port; testing that"
-  fi
-  k "$o" -n "$NS" create serviceaccount "$SCRAPER_SA" --dry-run=client -o yaml | k "$o" apply -f - >/dev/null || fail "ServiceAccount $SCRAPER_SA"
-  k "$o" -n "$NS" create serviceaccount "$UNBOUND_SA" --dry-run=client -o yaml | k "$o" apply -f - >/dev/null || fail "ServiceAccount $UNBOUND_SA"
-  if [[ $secure == true ]]; then
-    k "$o" create clusterrolebinding "$SCRAPER_SA" --clusterrole "$role" --serviceaccount "$NS:$SCRAPER_SA" --dry-run=client -o yaml \
-      | k "$o" apply -f - >/dev/null || fail "ClusterRoleBinding $SCRAPER_SA -> $role"
-  fi
-  local token unbound_token
-  token=$(k "$o" -n "$NS" create token "$SCRAPER_SA" --duration 10m) || fail "kubectl create token $SCRAPER_SA"
-  unbound_token=$(k "$o" -n "$NS" create token "$UNBOUND_SA" --duration 10m) || fail "kubectl create token $UNBOUND_SA"
-
-  pf_log=$log_dir/aether-kind-e2e-port-forward.log body=$log_dir/aether-kind-e2e-metrics.txt
-  k "$o" -n "$NS" port-forward --address 127.0.0.1 "pod/$leader" ":$port" >"$pf_log" 2>&1 &
-  pf_pid=$!
-  start=$SECONDS lp=''
-  until lp=$(sed -n 's/^Forwarding from 127\.0\.0\.1:\([0-9]*\) .*/\1/p' "$pf_log" | head -n 1) && [[ -n $lp ]]; do
-    kill -0 "$pf_pid" 2>/dev/null || fail "kubectl port-forward to $leader:$port exited: $(cat "$pf_log")"
-    ((SECONDS - start < 30)) || fail "kubectl port-forward to $leader:$port: no local port within 30 s; it said: $(cat "$pf_log")"
-    sleep 0.5
-  done
-  local url=$scheme://127.0.0.1:$lp/metrics
-  say "metrics: kubectl port-forward pod/$leader 127.0.0.1:$lp -> $port; scraping $url"
-
-  # With the bound ServiceAccount's token: 200 (retried for 30 s: the first connection may race
-  # the forward).
-  start=$SECONDS
-  while :; do
-    t=$(now_ms)
-    status=$(scrape_metrics "$url" "$token" "$body")
-    t=$(($(now_ms) - t))
-    [[ $status == 200 ]] && break
-    if ((SECONDS - start >= 30)); then
-      echo "e2e: GET $url with $SCRAPER_SA's token: HTTP $status; body: $(head -c 400 "$body" 2>/dev/null); port-forward said: $(tail -n 5 "$pf_log")" >&2
-      fail "/metrics of $leader with the token of $SCRAPER_SA (bound to ${role:-nothing}): HTTP $status, not 200"
-    fi
-    sleep 1
-  done
-  local families
-  families=$(grep -c '^# TYPE aether_federation_' "$body" || true)
-  say "metrics: with $SCRAPER_SA's token: HTTP 200, $(wc -c <"$body") bytes, $families aether_federation_ families, in $(secs "$t") s; the operator's own series:"
-  grep -E '^aether_federation_(build_info|leader|mirrored_keys|inbound_keys|leases|replication_synced)[{ ]' "$body" | head -n 12 >&2 || true
-  grep -q '^aether_federation_build_info{' "$body" || fail "/metrics of $leader has no aether_federation_build_info series"
-  grep -qx 'aether_federation_leader 1' "$body" || fail "/metrics of $leader: aether_federation_leader is not 1 on the leader ($(grep '^aether_federation_leader ' "$body" || echo absent))"
-  grep -q "^aether_federation_mirrored_keys{origin=\"$o\",target=\"$p\"}" "$body" \
-    || fail "/metrics of $leader has no aether_federation_mirrored_keys{origin=\"$o\",target=\"$p\"} (the mirror $o -> $p)"
-  record "metrics: HTTP 200 scrape of the leader with a ServiceAccount token ($families families)" "$(secs "$t") s"
-
-  # Without a token, with a token that is none, with an unbound ServiceAccount's token.
-  local what expect got
-  for what in none garbage unbound; do
-    case $what in
-      none) status=$(scrape_metrics "$url" "" "$body") expect="401 403" ;;
-      garbage) status=$(scrape_metrics "$url" "not-a-token" "$body") expect="401" ;;
-      unbound) status=$(scrape_metrics "$url" "$unbound_token" "$body") expect="403" ;;
-    esac
-    got=$(head -c 200 "$body" 2>/dev/null | tr '\n' ' ')
-    if [[ $secure != true ]]; then
-      say "metrics: plain HTTP: token '$what' -> HTTP $status (open: nothing to refuse)"
-      continue
-    fi
-    [[ " $expect " == *" $status "* ]] \
-      || fail "/metrics of $leader with token '$what': HTTP $status, expected ${expect// / or }; body: $got"
-    grep -q '^aether_federation_' "$body" && fail "/metrics of $leader with token '$what' answered HTTP $status with metrics in the body"
-    say "ok: metrics: token '$what' -> HTTP $status ($got)"
-    record "metrics: /metrics with token '$what' (expected ${expect// / or })" "HTTP $status"
-  done
-  stop_port_forward
-}
-metrics_scrape
+# The step itself is Rust (e2e/src/scenarios/metrics.rs; e2e/tests/kind.rs, metrics_scrape): the
+# chart (metrics.secure, default true) serves /metrics on one HTTPS port with a self-signed
+# certificate and answers only bearer tokens the API server authenticates and allows `get` on
+# /metrics (the ClusterRole <namespace>-<release>-metrics-reader). Through the API server's
+# port-forward to the leader Pod: a bound ServiceAccount's token gets 200 and the operator's
+# families; no token, a token that is none, an unbound ServiceAccount's token are refused.
+phase="metrics over HTTPS (e2e/tests/kind.rs: metrics_scrape)"
+rust_step metrics_scrape || fail "the metrics scrape (e2e/tests/kind.rs, its output above)"
 
 # --- 7. Region loss: a's operator and etcd stop; a's copy lapses on b; b's status ------------------
 # The step itself is Rust, the same code the local e2e runs (e2e/src/scenarios.rs, region_loss and

@@ -6,6 +6,7 @@
 mod apiserver;
 mod cluster;
 mod etcd;
+pub mod https;
 mod kube_setup;
 mod pki;
 mod process;

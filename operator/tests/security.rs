@@ -17,24 +17,7 @@ use support::*;
 /// `token` as the bearer token if given: the body, or the status it was refused with (0 when the
 /// request did not get an answer).
 async fn get_https(port: u16, ca: Option<&Path>, token: Option<&str>, path: &str) -> Result<String, u16> {
-    let trust = match ca {
-        Some(ca) => format!("certificate-authority: {}", ca.display()),
-        None => "insecure-skip-tls-verify: true".to_string(),
-    };
-    let user = token.map(|t| format!("{{token: {t}}}")).unwrap_or_else(|| "{}".into());
-    let kubeconfig = format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: m\n  cluster: {{server: \"https://127.0.0.1:{port}\", {trust}}}\n\
-         users:\n- name: u\n  user: {user}\ncontexts:\n- name: m\n  context: {{cluster: m, user: u}}\ncurrent-context: m\n"
-    );
-    let kubeconfig: kube::config::Kubeconfig = serde_yaml::from_str(&kubeconfig).unwrap();
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await.unwrap();
-    let client = kube::Client::try_from(config).unwrap();
-    let request = http::Request::get(path).body(Vec::new()).unwrap();
-    match client.request_text(request).await {
-        Ok(body) => Ok(body),
-        Err(kube::Error::Api(e)) => Err(e.code),
-        Err(_) => Err(0),
-    }
+    aether_harness::https::get(&format!("https://127.0.0.1:{port}"), ca, token, path).await
 }
 
 async fn wait_healthy(port: u16, ca: Option<&Path>) {
