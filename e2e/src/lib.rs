@@ -1,6 +1,7 @@
 //! A local federation on real parts: N regions, each a kube-apiserver (with its own etcd) and a
 //! registry etcd, with the CRDs installed, a RegionPeering per region peering with every other
 //! region, and operator processes. Used by `make demo` and `make e2e`.
+pub mod load;
 pub mod scenarios;
 pub mod substrate;
 

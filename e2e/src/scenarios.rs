@@ -5,6 +5,7 @@ pub mod handoff;
 pub mod metrics;
 pub mod rotation;
 pub mod uninstall;
+pub mod upgrade;
 
 use crate::substrate::{Faults, Substrate, subtree, wait_copy_whole};
 use aether_operator::keys;

@@ -16,10 +16,10 @@
 //!   AETHER_GITOPS_UPGRADE_TAG             an operator image tag loaded in the cluster, to upgrade to
 //!   AETHER_E2E_SCENARIOS                  the scenarios to run, by name (all by default)
 use aether_e2e::NAMESPACE;
-use aether_e2e::substrate::{KindFederation, Substrate, peering, subtree, subtree_through, wait_copy_whole};
+use aether_e2e::load::{Writer, first_key_missing};
+use aether_e2e::substrate::{KindFederation, Substrate, peering, subtree, wait_copy_whole};
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::Value;
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -468,40 +468,6 @@ async fn change_committed(g: &mut Gitops) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Reads `peer`'s copy of `origin` until a key it held before is missing, and says which.
-async fn first_key_missing(
-    kind: KindFederation,
-    origin: String,
-    peer: String,
-    before: BTreeMap<Vec<u8>, Vec<u8>>,
-) -> String {
-    let mut client = None;
-    loop {
-        if client.is_none() {
-            client = kind.registry(&peer).await.ok();
-        }
-        let read = match client.as_mut() {
-            Some(c) => subtree_through(c, &origin).await,
-            None => Err(anyhow::anyhow!("{peer}'s etcd not reachable")),
-        };
-        if read.is_err() {
-            client = None;
-        }
-        if let Ok(now) = read {
-            let missing: Vec<_> = before
-                .keys()
-                .filter(|k| !now.contains_key(*k))
-                .take(5)
-                .map(|k| String::from_utf8_lossy(k).into_owned())
-                .collect();
-            if !missing.is_empty() {
-                return format!("keys of {origin} missing on {peer} during the change: {missing:?}");
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
-}
-
 /// A peer's etcd stopped shows as Degraded in Argo CD, the peer named; Healthy again once it is back.
 async fn peer_fault(g: &mut Gitops) -> anyhow::Result<()> {
     let peer = g.peers[0].clone();
@@ -562,31 +528,6 @@ async fn operator_on(g: &Gitops, image: &str) -> anyhow::Result<bool> {
         }))
 }
 
-/// Puts `rate` keys a second into the region's subtree (a pool of 200: created, then updated)
-/// until aborted; counts what it put and what failed.
-async fn write_load(
-    kind: KindFederation,
-    region: String,
-    rate: u32,
-    tally: std::sync::Arc<std::sync::Mutex<(u64, u64)>>,
-) {
-    let prefix = aether_operator::keys::region_prefix(&region);
-    let mut client = None;
-    let mut tick = tokio::time::interval(Duration::from_secs(1) / rate);
-    for i in 0u64.. {
-        tick.tick().await;
-        if client.is_none() {
-            client = kind.registry(&region).await.ok();
-        }
-        let Some(c) = client.as_mut() else { continue };
-        let key =
-            format!("{prefix}clusters/gitops-load/services/echo/protocols/http/endpoints/10.201.0.{}", i % 200 + 1);
-        let ok = c.put(key, format!(r#"{{"clusterName":"gitops-load","n":{i}}}"#), None).await.is_ok();
-        let mut t = tally.lock().unwrap();
-        if ok { t.0 += 1 } else { t.1 += 1 }
-    }
-}
-
 /// An upgrade committed to git (the image tag), then `git revert`ed, rolls the operator forth and
 /// back under 100 writes a second: no key the peer held is ever missing, no put fails, and the
 /// copy is whole once the writes stop.
@@ -602,8 +543,7 @@ async fn upgrade_reverted(g: &mut Gitops) -> anyhow::Result<()> {
     let new_image = format!("{repository}:{new_tag}");
     let peer = g.peers[0].clone();
     let before = subtree(&g.kind, &peer, &g.region).await?;
-    let tally = std::sync::Arc::new(std::sync::Mutex::new((0u64, 0u64)));
-    let writer = tokio::spawn(write_load(g.kind.clone(), g.region.clone(), 100, tally.clone()));
+    let writer = Writer::start(g.kind.clone(), &g.region, "gitops-load", 100, 1, 200);
     let reading = tokio::spawn(first_key_missing(g.kind.clone(), g.region.clone(), peer.clone(), before));
     let start = Instant::now();
     let rolled = async {
@@ -624,8 +564,8 @@ async fn upgrade_reverted(g: &mut Gitops) -> anyhow::Result<()> {
         anyhow::Ok((up, back))
     }
     .await;
-    writer.abort();
-    let (puts, failed) = *tally.lock().unwrap();
+    let tally = writer.stop();
+    let (puts, failed) = (tally.puts, tally.failed);
     if reading.is_finished() {
         anyhow::bail!("{}", reading.await?);
     }

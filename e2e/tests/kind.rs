@@ -7,11 +7,15 @@
 //! handoffs AETHER_E2E_FORCED_READY_BOUND and AETHER_E2E_HANDOFF_TIMEOUT (60 and 180 s); for the
 //! rotation AETHER_E2E_REFRESH_SECONDS, AETHER_E2E_STATUS_MARGIN and AETHER_E2E_ROTATION_TIMEOUT
 //! (5, 10 and 60 s); for the uninstall AETHER_E2E_REGIONS (the regions installed, default a,b) and
-//! AETHER_E2E_UNINSTALL_TIMEOUT (300 s).
+//! AETHER_E2E_UNINSTALL_TIMEOUT (300 s); for the upgrade AETHER_E2E_UPGRADE_CHART (the chart's
+//! .tgz), AETHER_E2E_UPGRADE_IMAGE and AETHER_E2E_UPGRADE_FLAGS (the image to upgrade to, and the
+//! helm flags that select it), AETHER_E2E_UPGRADE_TIMEOUT (300 s, each roll), AETHER_E2E_LOAD_RATE,
+//! AETHER_E2E_LOAD_BATCH and AETHER_E2E_LOAD_POOL (100 keys/s, 10 puts a transaction, 200 keys).
 use aether_e2e::scenarios::handoff::{HandoffBounds, leader_handoff};
 use aether_e2e::scenarios::metrics::scrape_leader;
 use aether_e2e::scenarios::rotation::{RotationBounds, rotate_peer_certificate};
 use aether_e2e::scenarios::uninstall::helm_uninstall;
+use aether_e2e::scenarios::upgrade::{RollBounds, deployed_image, restore_replicas, revision, roll_under_load};
 use aether_e2e::scenarios::{LossBounds, data_path, region_loss, region_recovery};
 use aether_e2e::substrate::{Faults, KindFederation, LeaderLoss, subtree};
 use std::time::Duration;
@@ -210,5 +214,56 @@ async fn metrics_scrape() {
     );
     for (what, status) in s.refused {
         println!("time: metrics: /metrics with token '{what}' = HTTP {status}");
+    }
+}
+
+/// a's operator upgraded with `helm upgrade` to another image, then `helm rollback` to the
+/// revision before, each under 100 writes a second: no key of a missing on b in any read, every
+/// Pod on the wanted image unrestarted, Ready under a leader on it, no full sync, no failed put,
+/// and b's copy whole once the writes stop.
+#[tokio::test]
+#[ignore = "needs the kind clusters hack/kind/e2e.sh makes"]
+async fn helm_upgrade_and_rollback() {
+    let kind = KindFederation::from_env().unwrap();
+    let var =
+        |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: hack/kind/e2e.sh sets it"));
+    let (chart, new_image) = (var("AETHER_E2E_UPGRADE_CHART"), var("AETHER_E2E_UPGRADE_IMAGE"));
+    let flags: Vec<String> = var("AETHER_E2E_UPGRADE_FLAGS").split_whitespace().map(String::from).collect();
+    let bounds = RollBounds {
+        rate: number("AETHER_E2E_LOAD_RATE", 100) as u32,
+        batch: number("AETHER_E2E_LOAD_BATCH", 10) as u32,
+        pool: number("AETHER_E2E_LOAD_POOL", 200) as u32,
+        timeout: Duration::from_secs(number("AETHER_E2E_UPGRADE_TIMEOUT", 300)),
+    };
+    let old_image = deployed_image(&kind, "a").await.unwrap();
+    let replicas = restore_replicas(&kind, "a", Duration::from_secs(120)).await.unwrap_or_else(|e| panic!("{e:#}"));
+    let before = revision(&kind, "a").await.unwrap();
+    println!("upgrade: {old_image} at helm revision {before}, {replicas} replicas; upgrading to {new_image}");
+    let upgrade: Vec<String> =
+        ["upgrade", "aether", chart.as_str(), "--reuse-values"].into_iter().map(String::from).chain(flags).collect();
+    let rollback: Vec<String> = vec!["rollback".into(), "aether".into(), before.to_string()];
+    for (label, want, args) in [("upgrade", &new_image, upgrade), ("rollback", &old_image, rollback)] {
+        let r = roll_under_load(&kind, "a", "b", label, want, &args, &bounds).await.unwrap_or_else(|e| panic!("{e:#}"));
+        let seconds = |d: Duration| format!("{:.1} s", d.as_secs_f64());
+        println!("time: {label}: helm {} to the Deployment rolled out = {}", args[0], seconds(r.rolled));
+        println!(
+            "time: {label}: helm {} to regionpeering/a Ready under a leader on the new Pods = {}",
+            args[0],
+            seconds(r.ready)
+        );
+        println!("time: {label}: leaders during the roll = {} ({})", r.leaders.len(), r.leaders.join(","));
+        println!("time: {label}: keys of a missing on b (writer running) = 0 of {}", r.keys);
+        println!(
+            "time: {label}: peers[b].resyncs before / after; LeasesAdopted before / after = {} / {}; {} / {}",
+            r.resyncs.0, r.resyncs.1, r.adopted.0, r.adopted.1
+        );
+        println!(
+            "time: {label}: writer into aether-a (puts, puts/s, failed txns, slowest txn) = {}, {:.1}/s, {}, {} ms",
+            r.writer.puts,
+            r.writer.rate(),
+            r.writer.failed,
+            r.writer.slowest.as_millis()
+        );
+        println!("time: {label}: writer stopped to b's copy equal = {}", seconds(r.settled_after));
     }
 }

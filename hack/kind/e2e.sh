@@ -46,20 +46,22 @@
 #      the plugin asks each region's leader to check from its pod, and the rows say so);
 #      during the loss, polled in the background from the operator's pods being gone, region a
 #      STALE, b not, exit 1;
-#   7. upgrade under load, then rollback: the operator's image re-tagged <version>-e2e-upgrade (the
+#   7. upgrade under load, then rollback (the rolls in Rust: e2e/tests/kind.rs
+#      helm_upgrade_and_rollback): the operator's image re-tagged <version>-e2e-upgrade (the
 #      same binary: configs re-labelled, manifests and index re-hashed, offline) and loaded into
 #      aether-a; a back at the chart's replica count; a background writer puts AETHER_E2E_LOAD_RATE
-#      endpoint keys/s into a's etcd (etcdctl txn batches; creates, then updates, a pool of keys);
-#      `helm upgrade --reuse-values` to the new tag and `kubectl rollout status`, while b's copy is
+#      endpoint keys/s into a's etcd (transactions of puts; creates, then updates, a pool of keys);
+#      `helm upgrade --reuse-values` to the new tag until the Deployment rolled out, while b's copy is
 #      read continuously: no key a held before the roll missing in any read (until the lease TTL +
 #      keepalive + 5 s after the last old Pod was gone), every Pod on the new image, regionpeering a
 #      Ready under a leader on it, no new ResyncStarted event and resyncs unchanged (or 0 under a new
 #      leader that adopted the leases), no failed put, and with the writer stopped b's copy equal to
 #      a's. Then `helm rollback` to the revision before, with the same checks;
-#   8. secret rotation (Rust: e2e/tests/kind.rs secret_rotation): a new client certificate for mirror-a from b's CA written into a's Secret
-#      registry-etcd-peer-b; the leader restarts its mirror worker for b (its log) within
-#      --refresh-seconds + AETHER_E2E_STATUS_MARGIN s and adopts the leases, no Pod restarted or
-#      replaced, the same leader, and a key put into a afterwards reaches b;
+#   8. secret rotation (Rust: e2e/tests/kind.rs secret_rotation): a new client certificate for
+#      mirror-a from b's CA written into a's Secret registry-etcd-peer-b; the leader restarts its
+#      mirror worker for b (its log) within --refresh-seconds + AETHER_E2E_STATUS_MARGIN s and adopts
+#      the leases, no Pod restarted or replaced, the same leader, and a key put into a afterwards
+#      reaches b;
 #   7b. a third region joins (federation.sh up a b c; the chart installed in c with peers a and b, a's
 #      and b's releases upgraded with c as a peer): every RegionPeering Ready with two peers, c's
 #      keys on a and b, a's and b's subtrees on c; a -> b and b -> a not re-synced, no key of a
@@ -88,7 +90,7 @@
 # AETHER_E2E_THREE, AETHER_E2E_ROTATION, AETHER_E2E_UNINSTALL, AETHER_E2E_GITOPS (1, the default,
 # runs steps 7, 7b, 8, 9, 10; 0 skips one; 10 needs 9),
 # AETHER_E2E_UPGRADE_TIMEOUT (s, default 300, each roll), AETHER_E2E_LOAD_RATE (keys/s, default 100),
-# AETHER_E2E_LOAD_BATCH (puts per etcdctl txn, default 10), AETHER_E2E_LOAD_POOL (distinct keys,
+# AETHER_E2E_LOAD_BATCH (puts per transaction, default 10), AETHER_E2E_LOAD_POOL (distinct keys,
 # default 200), AETHER_E2E_ROTATION_TIMEOUT (s, default 60), AETHER_E2E_UNINSTALL_TIMEOUT (s,
 # default 300: helm uninstall --timeout).
 #
@@ -215,7 +217,7 @@ on_exit() {
   local rc=$?
   trap - EXIT INT TERM
   local pid
-  for pid in ${writer_pid:-} ${stale_watch_pid:-}; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
+  for pid in ${stale_watch_pid:-}; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
   [[ -n $e2e_tmp ]] && rm -rf "$e2e_tmp"
   if ((rc != 0)); then
     echo "e2e: FAILED in phase '$phase' (exit $rc); what the clusters show:" >&2
@@ -709,19 +711,17 @@ region_loss_and_recovery
 # (dev.aether.e2e.retagged-from=<version>) added to each platform's image config and the tag
 # <version>-e2e-upgrade, written offline here (configs, manifests and the index re-hashed, the
 # layers untouched) and loaded into aether-a with load-operator.sh. What is tested is the roll's
-# mechanics: `helm upgrade --reuse-values` to the new tag (no --wait; `kubectl rollout status`
-# waits), the Deployment's rolling update (a Pod surges, an old one goes, the leader among them:
-# one or two leader handoffs), and then `helm rollback` to the revision before, the same way.
-# During each roll a background writer puts AETHER_E2E_LOAD_RATE (100) endpoint keys a second into
-# a's registry etcd (etcdctl txn of AETHER_E2E_LOAD_BATCH (10) puts, every one a new revision of an
-# endpoint key under a's prefix: the first pass over AETHER_E2E_LOAD_POOL (200) keys creates them,
-# later passes update them), and b's copy is read about three times a second: every key a held
-# before the roll must be there in every read, until the lease TTL + keepalive interval + 5 s
-# after the last old Pod was gone (a lapse would show). Then: the rollout complete, every Pod on
-# the wanted image, regionpeering a Ready under a leader on it, no new ResyncStarted event and
-# peers[b].resyncs unchanged (or 0 under a new leader that adopted the leases), no put of the
-# writer failed, and, the writer stopped, b's copy equal to a's (keys and values).
-LOAD_PREFIX="/aether/v1/regions/$o/clusters/kind-$o/services/load/protocols/http/endpoints/"
+# mechanics: `helm upgrade --reuse-values` to the new tag, the Deployment's rolling update (a Pod
+# surges, an old one goes, the leader among them: one or two leader handoffs), and then `helm
+# rollback` to the revision before, the same way. The rolls are Rust (e2e/src/scenarios/upgrade.rs;
+# e2e/tests/kind.rs, helm_upgrade_and_rollback): during each a writer puts AETHER_E2E_LOAD_RATE (100)
+# endpoint keys a second into a's registry etcd (transactions of AETHER_E2E_LOAD_BATCH (10) puts over
+# AETHER_E2E_LOAD_POOL (200) keys, created then updated), and b's copy is read about three times a
+# second: every key a held before the roll must be there in every read, until the lease TTL +
+# keepalive interval + 5 s after the last old Pod was gone. Then: the Deployment rolled out, every
+# Pod on the wanted image unrestarted, regionpeering a Ready under a leader on it, no new
+# ResyncStarted event and peers[b].resyncs unchanged (or 0 under a new leader that adopted the
+# leases), no put failed, and, the writer stopped, b's copy equal to a's (keys and values).
 make_retagged_archive() { # OUT TAG: make image's archive, re-tagged TAG (see above); prints the new index digest
   local out=$1 tag=$2 dir=$e2e_tmp/retag
   rm -rf "$dir" && mkdir -p "$dir"
@@ -768,234 +768,22 @@ PY
   tar -C "$dir" --owner=0 --group=0 --numeric-owner -cf "$out" oci-layout index.json blobs || return 1
   rm -rf "$dir"
 }
-write_load_writer() { # the writer (python: one etcdctl txn per batch, paced to the rate)
-  cat >"$e2e_tmp/writer.py" <<'PY'
-import json, os, subprocess, sys, time
-etcdctl = json.loads(sys.argv[1])
-prefix, rate, batch, pool, run, stop_file, report_file = sys.argv[2:9]
-rate, batch, pool = float(rate), int(batch), int(pool)
-txns = puts = errors = 0
-max_ms, last_error, i = 0.0, "", 0
-start = time.monotonic()
-while not os.path.exists(stop_file):
-    due = start + i / rate
-    now = time.monotonic()
-    if due > now:
-        time.sleep(due - now)
-    ops = [""]  # no compares; the puts; no failure ops
-    for j in range(i, i + batch):
-        n = j % pool
-        value = json.dumps({"clusterName": "kind-load", "port": 8080, "run": run, "seq": j, "pass": j // pool},
-                           separators=(",", ":"))
-        ops.append('put %s10.7.%d.%d "%s"' % (prefix, n // 250, n % 250 + 1, value.replace('"', '\\"')))
-    t = time.monotonic()
-    r = subprocess.run(etcdctl + ["txn"], input="\n".join(ops) + "\n\n\n", capture_output=True, text=True)
-    max_ms = max(max_ms, (time.monotonic() - t) * 1000)
-    txns += 1
-    if r.returncode == 0 and r.stdout.startswith("SUCCESS"):
-        puts += batch
-    else:
-        errors += 1
-        last_error = (r.stderr or r.stdout).strip()[-300:]
-    i += batch
-elapsed = time.monotonic() - start
-with open(report_file, "w") as f:
-    json.dump({"puts": puts, "txns": txns, "failed_txns": errors, "seconds": round(elapsed, 1),
-               "rate": round(puts / elapsed, 1) if elapsed else 0, "max_txn_ms": round(max_ms, 1),
-               "last_error": last_error}, f)
-PY
-}
-writer_pid=''
-start_writer() { # LABEL: the writer into o's etcd, in the background
-  local d=$fed_dir/region-$o args
-  rm -f "$e2e_tmp/writer.stop" "$e2e_tmp/writer.json"
-  args=$(python3 -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "$etcdctl_bin" \
-    --endpoints "https://$(cat "$d/node-ip"):$NODEPORT" --cacert "$d/ca.crt" --cert "$d/client-root.crt" \
-    --key "$d/client-root.key" --dial-timeout 5s --command-timeout 5s)
-  python3 "$e2e_tmp/writer.py" "$args" "$LOAD_PREFIX" "$LOAD_RATE" "$LOAD_BATCH" "$LOAD_POOL" "$1-$run_id" \
-    "$e2e_tmp/writer.stop" "$e2e_tmp/writer.json" 2>"$e2e_tmp/writer.err" &
-  writer_pid=$!
-  say "$1: writer started (pid $writer_pid): $LOAD_RATE endpoint keys/s into aether-$o under $LOAD_PREFIX, $LOAD_BATCH puts per txn, over $LOAD_POOL keys"
-}
-stop_writer() { # LABEL: stops the writer, checks its tally; prints "puts rate"
-  local start=$SECONDS
-  [[ -n $writer_pid ]] || return 0
-  touch "$e2e_tmp/writer.stop"
-  while kill -0 "$writer_pid" 2>/dev/null; do
-    ((SECONDS - start < 30)) || { kill "$writer_pid" 2>/dev/null || true; fail "$1: the writer did not stop within 30 s"; }
-    sleep 0.2
-  done
-  wait "$writer_pid" 2>/dev/null || true
-  writer_pid=''
-  [[ -s $e2e_tmp/writer.json ]] || fail "$1: the writer wrote no tally ($(tail -n 5 "$e2e_tmp/writer.err" 2>/dev/null))"
-  say "$1: writer stopped: $(cat "$e2e_tmp/writer.json")"
-  python3 - "$e2e_tmp/writer.json" "$LOAD_RATE" <<'PY' || fail "$1: the writer's puts into aether-$o failed (tally above)"
-import json, sys
-w = json.load(open(sys.argv[1]))
-if w["failed_txns"]:
-    sys.exit("%d txns failed, the last: %s" % (w["failed_txns"], w["last_error"]))
-if w["rate"] < 0.8 * float(sys.argv[2]):
-    print("e2e: note: the writer reached %s puts/s of the %s asked (this machine is busy)" % (w["rate"], sys.argv[2]), file=sys.stderr)
-PY
-}
-operator_pod_lines() { # REGION: "name image restarts deleting" per operator Pod
-  k "$1" -n "$NS" get pods -l "app.kubernetes.io/name=aether-operator,app.kubernetes.io/instance=$RELEASE" \
-    -o jsonpath='{range .items[*]}{.metadata.name} {.spec.containers[0].image} {.status.containerStatuses[0].restartCount} {.metadata.deletionTimestamp}{"\n"}{end}' 2>/dev/null
-}
-keyset() { ectl "$1" get --prefix --keys-only "$2" | sed '/^$/d' | sort; }
-
-# roll_under_load LABEL WANT_IMAGE HELM_ARGS...: the roll (helm HELM_ARGS, then kubectl rollout
-# status) in the background while b's copy is read; the checks above.
-roll_under_load() {
-  local label=$1 want=$2; shift 2
-  phase="$label under load"
-  local rev_before resyncs_before resync_events_before adopted_events_before expected n_expected old_pods
-  start_writer "$label"
-  # Settle: the writer's keys all on b (the pool's first pass creates keys: the operator may lay
-  # out its leases anew, a full sync; that happens before the baseline).
-  local start=$SECONDS last_events='' stable_since=$SECONDS ev
-  until [[ $(keyset "$o" "$pre") == "$(keyset "$p" "$pre")" && $(ready_status "$o") == True ]] && ((SECONDS - stable_since >= 10)); do
-    ev=$(event_count ResyncStarted || true)
-    [[ $ev != "$last_events" ]] && { last_events=$ev stable_since=$SECONDS; }
-    kill -0 "$writer_pid" 2>/dev/null || fail "$label: the writer exited: $(tail -n 5 "$e2e_tmp/writer.err")"
-    if ((SECONDS - start > PROPAGATION_TIMEOUT)); then
-      show_difference "$o" "$p"
-      fail "$label: with the writer running, b's key set of $o not equal to a's (and regionpeering/$o Ready, no new ResyncStarted for 10 s) within $PROPAGATION_TIMEOUT s"
-    fi
-    sleep 1
-  done
-  say "$label: settled after $((SECONDS - start)) s under load: aether-$p holds the $(count_of "$p" "$pre") keys of $o that aether-$o holds"
-  rev_before=$(h "$o" -n "$NS" status "$RELEASE" -o json | python3 -c 'import json, sys; print(json.load(sys.stdin)["version"])') \
-    || fail "helm status $RELEASE in aether-$o"
-  resyncs_before=$(rp_field "$o" "{.status.peers[?(@.region==\"$p\")].replication.resyncs}")
-  resync_events_before=$(event_count ResyncStarted) || fail "reading the events of regionpeering/$o"
-  adopted_events_before=$(event_count LeasesAdopted) || fail "reading the events of regionpeering/$o"
-  expected=$(keyset "$o" "$pre") || fail "reading $pre on aether-$o"
-  n_expected=$(wc -l <<<"$expected")
-  old_pods=$(operator_pod_lines "$o" | awk '{print $1}')
-  local ttl ka min_watch_ms
-  ttl=$(rp_field "$o" '{.spec.lease.ttlSeconds}') ka=$(rp_field "$o" '{.spec.lease.keepaliveIntervalSeconds}')
-  min_watch_ms=$(((ttl + ka + 5) * 1000))
-  say "$label: helm revision $rev_before; pods $(tr '\n' ' ' <<<"$old_pods"); leader $(holder || true); peers[$p].resyncs=$resyncs_before, ResyncStarted events $resync_events_before, LeasesAdopted $adopted_events_before; $n_expected keys of $o, all on aether-$p; now: helm $*"
-
-  local log=$log_dir/aether-kind-e2e-${label// /-}.log t0
-  rm -f "$e2e_tmp/roll.helm" "$e2e_tmp/roll.rollout"
-  t0=$(now_ms)
-  ( set +e
-    h "$o" -n "$NS" "$@" >"$log" 2>&1; rc=$?
-    echo "$rc $(now_ms)" >"$e2e_tmp/roll.helm"
-    ((rc == 0)) || exit 0
-    k "$o" -n "$NS" rollout status "deployment/$RELEASE" --timeout "${UPGRADE_TIMEOUT}s" >>"$log" 2>&1; rc=$?
-    echo "$rc $(now_ms)" >"$e2e_tmp/roll.rollout" ) &
-  local roll_pid=$! polls=0 errors=0 keys missing now rc at t_helm='' t_rolled='' t_old_gone='' t_ready='' leader lines
-  local -A leaders=()
-  while :; do
-    now=$(now_ms)
-    if keys=$(ectl "$p" get --prefix --keys-only "$pre" 2>&1); then
-      polls=$((polls + 1))
-      missing=$(comm -23 <(echo "$expected") <(sed '/^$/d' <<<"$keys" | sort))
-      if [[ -n $missing ]]; then
-        echo "e2e: $(secs $((now - t0))) s into the $label, $(wc -l <<<"$missing") keys of $o that aether-$o held before it are missing on aether-$p, e.g.:" >&2
-        head -n 10 <<<"$missing" >&2
-        echo "e2e: pods: $(operator_pod_lines "$o" | tr '\n' ';') Lease holder '$(holder || true)'; regionpeering/$o shows:" >&2
-        rp_summary "$o" >&2
-        fail "a key of $o went missing in aether-$p during the $label"
-      fi
-    else
-      errors=$((errors + 1))
-      say "$label: reading aether-$p failed ($errors): $(tail -n 1 <<<"$keys")"
-      ((errors <= 5)) || fail "reading aether-$p's etcd failed $errors times during the $label"
-    fi
-    kill -0 "$writer_pid" 2>/dev/null || fail "$label: the writer exited: $(tail -n 5 "$e2e_tmp/writer.err")"
-    leader=$(holder || true)
-    [[ -n $leader && -z ${leaders[$leader]:-} ]] && { leaders[$leader]=$now; say "$label: Lease $LEASE_NAME held by $leader at $(secs $((now - t0))) s"; }
-    if [[ -z $t_helm && -s $e2e_tmp/roll.helm ]]; then
-      read -r rc at <"$e2e_tmp/roll.helm"
-      ((rc == 0)) || { cat "$log" >&2; fail "helm ${1:-} of $RELEASE in aether-$o failed (exit $rc)"; }
-      t_helm=$at; say "$label: helm $1 returned after $(secs $((at - t0))) s"
-    fi
-    if [[ -z $t_rolled && -s $e2e_tmp/roll.rollout ]]; then
-      read -r rc at <"$e2e_tmp/roll.rollout"
-      ((rc == 0)) || { cat "$log" >&2; fail "kubectl rollout status deployment/$RELEASE in aether-$o failed (exit $rc) after the helm $1"; }
-      t_rolled=$at; say "$label: rollout complete after $(secs $((at - t0))) s"
-    fi
-    lines=$(operator_pod_lines "$o")
-    if [[ -n $t_helm && -z $t_old_gone ]] && ! grep -qxFf <(echo "$old_pods") <(awk '{print $1}' <<<"$lines"); then
-      t_old_gone=$now; say "$label: the old Pods gone after $(secs $((now - t0))) s; now: $(tr '\n' ';' <<<"$lines")"
-    fi
-    if [[ -z $t_ready && -n $leader ]] && grep -q "^$leader $want " <<<"$lines" \
-        && [[ $(rp_field "$o" '{.status.leader}') == "$leader" && $(ready_status "$o") == True ]]; then
-      t_ready=$now; say "$label: regionpeering/$o Ready under $leader ($want) after $(secs $((now - t0))) s"
-    fi
-    [[ -n $t_rolled && -n $t_ready && -n $t_old_gone ]] && ((now - t_old_gone >= min_watch_ms)) && break
-    if ((now - t0 > UPGRADE_TIMEOUT * 1000)); then
-      echo "e2e: $UPGRADE_TIMEOUT s into the $label: helm ${t_helm:+returned}${t_helm:-running}, rollout ${t_rolled:+complete}${t_rolled:-not complete}, old Pods ${t_old_gone:+gone}${t_old_gone:-not all gone}, Ready under a leader on $want: ${t_ready:+yes}${t_ready:-no}; pods: $(tr '\n' ';' <<<"$lines"); Lease holder '$leader'" >&2
-      tail -n 20 "$log" >&2
-      rp_summary "$o" >&2
-      fail "the $label of aether-$o not done within $UPGRADE_TIMEOUT s"
-    fi
-    sleep 0.3
-  done
-  wait "$roll_pid" 2>/dev/null || true
-  record "$label: helm $1 to kubectl rollout status complete" "$(secs $((t_rolled - t0))) s"
-  record "$label: helm $1 to regionpeering/$o Ready under a leader on the new Pods" "$(secs $((t_ready - t0))) s"
-  record "$label: leaders during the roll" "${#leaders[@]} ($(tr ' ' ',' <<<"${!leaders[*]}"))"
-  say "$label: $polls reads of aether-$p's copy over $(secs $(($(now_ms) - t0))) s, the $n_expected keys of $o held before the roll present in every one; $errors failed reads"
-  record "$label: keys of $o missing on $p in $polls reads (writer running)" "0 of $n_expected"
-
-  # The Pods: all on the wanted image, none restarted.
-  lines=$(operator_pod_lines "$o")
-  awk -v want="$want" '$2 != want || $3 != 0 || $4 != "" {bad = 1} END {exit bad}' <<<"$lines" \
-    || fail "after the $label, the operator's Pods in aether-$o are not all running $want unrestarted: $(tr '\n' ';' <<<"$lines")"
-  say "ok: $label: every operator Pod runs $want ($(k "$o" -n "$NS" get pods -l "app.kubernetes.io/name=aether-operator,app.kubernetes.io/instance=$RELEASE" -o jsonpath='{.items[0].status.containerStatuses[0].imageID}'))"
-  # No full sync.
-  local resyncs_after resync_events_after adopted_events_after
-  resyncs_after=$(rp_field "$o" "{.status.peers[?(@.region==\"$p\")].replication.resyncs}")
-  resync_events_after=$(event_count ResyncStarted) adopted_events_after=$(event_count LeasesAdopted)
-  ((resync_events_after == resync_events_before)) \
-    || fail "ResyncStarted events of regionpeering/$o: $resync_events_before before the $label, $resync_events_after after: a full sync ran"
-  if [[ $resyncs_after == "$resyncs_before" ]]; then
-    say "ok: $label: peers[$p].replication.resyncs unchanged ($resyncs_after); no ResyncStarted event"
-  elif [[ $resyncs_after == 0 ]] && ((adopted_events_after > adopted_events_before)); then
-    say "ok: $label: peers[$p].replication.resyncs was $resyncs_before under the old leader, 0 under the new one, which adopted the leases (LeasesAdopted $adopted_events_before -> $adopted_events_after) and ran no full sync"
-  else
-    fail "regionpeering/$o peers[$p].replication.resyncs was $resyncs_before before the $label, $resyncs_after after (LeasesAdopted events $adopted_events_before -> $adopted_events_after)"
-  fi
-  record "$label: peers[$p].resyncs before / after; ResyncStarted events before / after" "$resyncs_before / $resyncs_after; $resync_events_before / $resync_events_after"
-  # The writer stopped, b's copy equals a's.
-  stop_writer "$label"
-  record "$label: writer into aether-$o (puts, puts/s, failed txns)" "$(python3 -c 'import json, sys; w = json.load(open(sys.argv[1])); print("%d, %s/s, %d" % (w["puts"], w["rate"], w["failed_txns"]))' "$e2e_tmp/writer.json")"
-  t0=$(now_ms)
-  wait_copy "$o" "$p" "$label: b's copy of $o equal to a's after the writer stopped" \
-    || fail "$label: b's copy of $o not equal to a's within $PROPAGATION_TIMEOUT s of the writer stopping"
-  record "$label: writer stopped to b's copy equal" "$(secs $(($(now_ms) - t0))) s"
-  rp_summary "$o" >&2
-}
-
 upgrade_and_rollback() {
   phase="upgrade: the re-tagged archive"
-  local tag=$version-e2e-upgrade out=$e2e_tmp/aether-operator-$version-e2e-upgrade.oci.tar index_digest t flags_line new_flags=()
+  local tag=$version-e2e-upgrade out=$e2e_tmp/aether-operator-$version-e2e-upgrade.oci.tar index_digest t flags_line repo
   index_digest=$(make_retagged_archive "$out" "$tag") || fail "re-tagging $archive as $tag"
   say "upgrade: $out: the image of $archive re-tagged $tag (index $index_digest; the binary unchanged)"
   t=$(now_ms)
   out=$(AETHER_OPERATOR_ARCHIVE=$out heavy "$kind_dir/load-operator.sh" "$o") || fail "load-operator.sh $o with the re-tagged archive"
   flags_line=$(grep -- '--set image.repository=' <<<"$out" | tail -n 1)
   [[ $flags_line == *"--set image.tag=$tag "* ]] || fail "load-operator.sh printed no flags for $tag: $out"
-  read -ra new_flags <<<"$flags_line"
   record "upgrade: load-operator.sh (the re-tagged image into aether-$o)" "$(secs $(($(now_ms) - t))) s"
-  local repo old_image new_image replicas rev
   repo=$(sed -n 's/.*--set image.repository=\([^ ]*\).*/\1/p' <<<"$flags_line")
-  old_image=$(k "$o" -n "$NS" get deployment "$RELEASE" -o jsonpath='{.spec.template.spec.containers[?(@.name=="operator")].image}')
-  new_image=$repo:$tag
-  # The region loss left a at one replica (kubectl scale): back to the chart's count first.
-  replicas=$(h "$o" -n "$NS" get values "$RELEASE" --all -o json | python3 -c 'import json, sys; print(json.load(sys.stdin)["replicaCount"])')
-  k "$o" -n "$NS" scale "deployment/$RELEASE" --replicas="$replicas" >/dev/null || fail "kubectl scale deployment/$RELEASE --replicas=$replicas"
-  k "$o" -n "$NS" rollout status "deployment/$RELEASE" --timeout 120s >/dev/null || fail "deployment/$RELEASE in aether-$o: $replicas replicas not Ready within 120 s"
-  write_load_writer
-  rev=$(h "$o" -n "$NS" status "$RELEASE" -o json | python3 -c 'import json, sys; print(json.load(sys.stdin)["version"])') || fail "helm status"
-  roll_under_load upgrade "$new_image" upgrade "$RELEASE" "$chart_tgz" --reuse-values "${new_flags[@]}"
-  roll_under_load rollback "$old_image" rollback "$RELEASE" "$rev"
-  say "ok: upgrade to $new_image and rollback to revision $rev ($old_image) under load"
+  phase="upgrade and rollback under load (e2e/tests/kind.rs: helm_upgrade_and_rollback)"
+  rust_step helm_upgrade_and_rollback AETHER_E2E_UPGRADE_CHART="$chart_tgz" AETHER_E2E_UPGRADE_IMAGE="$repo:$tag" \
+    AETHER_E2E_UPGRADE_FLAGS="$flags_line" AETHER_E2E_UPGRADE_TIMEOUT="$UPGRADE_TIMEOUT" AETHER_E2E_LOAD_RATE="$LOAD_RATE" \
+    AETHER_E2E_LOAD_BATCH="$LOAD_BATCH" AETHER_E2E_LOAD_POOL="$LOAD_POOL" \
+    || { rp_summary "$o" >&2; fail "the upgrade and rollback under load (e2e/tests/kind.rs, its output above)"; }
 }
 
 # --- 9. A peer Secret rotated without a restart ------------------------------------------------------
