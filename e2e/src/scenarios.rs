@@ -2,6 +2,7 @@
 //! e2e/tests/e2e.rs) and the kind clusters (`make e2e-kind`, e2e/tests/kind.rs, which
 //! hack/kind/e2e.sh runs by name).
 pub mod handoff;
+pub mod join;
 pub mod metrics;
 pub mod rotation;
 pub mod uninstall;

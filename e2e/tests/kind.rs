@@ -10,8 +10,12 @@
 //! AETHER_E2E_UNINSTALL_TIMEOUT (300 s); for the upgrade AETHER_E2E_UPGRADE_CHART (the chart's
 //! .tgz), AETHER_E2E_UPGRADE_IMAGE and AETHER_E2E_UPGRADE_FLAGS (the image to upgrade to, and the
 //! helm flags that select it), AETHER_E2E_UPGRADE_TIMEOUT (300 s, each roll), AETHER_E2E_LOAD_RATE,
-//! AETHER_E2E_LOAD_BATCH and AETHER_E2E_LOAD_POOL (100 keys/s, 10 puts a transaction, 200 keys).
+//! AETHER_E2E_LOAD_BATCH and AETHER_E2E_LOAD_POOL (100 keys/s, 10 puts a transaction, 200 keys);
+//! for the third region AETHER_E2E_WATCHING_FILE (written once the baseline is read),
+//! AETHER_E2E_JOINED_FILE (the provisioning done: "ok", or why not), AETHER_E2E_JOIN_TIMEOUT (900 s)
+//! and AETHER_E2E_READY_TIMEOUT (300 s).
 use aether_e2e::scenarios::handoff::{HandoffBounds, leader_handoff};
+use aether_e2e::scenarios::join::{JoinBounds, region_joins};
 use aether_e2e::scenarios::metrics::scrape_leader;
 use aether_e2e::scenarios::rotation::{RotationBounds, rotate_peer_certificate};
 use aether_e2e::scenarios::uninstall::helm_uninstall;
@@ -266,4 +270,50 @@ async fn helm_upgrade_and_rollback() {
         );
         println!("time: {label}: writer stopped to b's copy equal = {}", seconds(r.settled_after));
     }
+}
+
+/// c joins a and b while hack/kind/e2e.sh provisions it (federation.sh up a b c, the image, the
+/// chart installed in c and a's and b's releases upgraded with c as a peer): a's copy on b and b's
+/// on a keep every key in every read; then every RegionPeering Ready with two peers, c's keys on a
+/// and b, theirs on c, and neither a -> b nor b -> a re-synced.
+#[tokio::test]
+#[ignore = "needs the kind clusters hack/kind/e2e.sh makes"]
+async fn third_region_joins() {
+    let kind = KindFederation::from_env().unwrap();
+    let var =
+        |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: hack/kind/e2e.sh sets it"));
+    let (watching, joined) = (var("AETHER_E2E_WATCHING_FILE"), var("AETHER_E2E_JOINED_FILE"));
+    let join_timeout = Duration::from_secs(number("AETHER_E2E_JOIN_TIMEOUT", 900));
+    let bounds = JoinBounds {
+        ready: Duration::from_secs(number("AETHER_E2E_READY_TIMEOUT", 300)),
+        propagation: Duration::from_secs(number("AETHER_E2E_PROPAGATION_TIMEOUT", 120)),
+        keys: number("AETHER_E2E_KEYS", 50) as usize,
+    };
+    // The provisioning is hack/kind/e2e.sh's: it writes "ok" into the file once done, or why not.
+    let provisioned = async {
+        let start = std::time::Instant::now();
+        loop {
+            if let Ok(said) = std::fs::read_to_string(&joined) {
+                anyhow::ensure!(said.trim() == "ok", "the provisioning of c failed: {said}");
+                return Ok(());
+            }
+            anyhow::ensure!(start.elapsed() < join_timeout, "c not provisioned within {} s", join_timeout.as_secs());
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    };
+    let started = || std::fs::write(&watching, "watching").unwrap();
+    let j =
+        region_joins(&kind, "c", &["a", "b"], started, provisioned, &bounds).await.unwrap_or_else(|e| panic!("{e:#}"));
+    let seconds = |d: Duration| format!("{:.1} s", d.as_secs_f64());
+    println!(
+        "time: third region: federation.sh up c, the image, helm install c and upgrade a and b = {}",
+        seconds(j.joined)
+    );
+    println!("time: third region: helm done to a, b, c Ready with two peers each = {}", seconds(j.ready));
+    println!("time: third region: keys put into c to visible on a and b = {}", seconds(j.new_to_peers));
+    println!(
+        "time: third region: keys of a and b kept on each other, in every read = {} keys, {} reads",
+        j.kept_keys, j.reads
+    );
+    println!("time: third region: resyncs of the existing mirrors (unchanged) = {:?}", j.resyncs);
 }

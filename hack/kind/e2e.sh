@@ -217,7 +217,8 @@ on_exit() {
   local rc=$?
   trap - EXIT INT TERM
   local pid
-  for pid in ${stale_watch_pid:-}; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
+  [[ -n ${join_file:-} && ! -e $join_file ]] && echo "hack/kind/e2e.sh exited: $phase" >"$join_file"   # the third region's Rust step
+  for pid in ${stale_watch_pid:-} ${join_pid:-}; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
   [[ -n $e2e_tmp ]] && rm -rf "$e2e_tmp"
   if ((rc != 0)); then
     echo "e2e: FAILED in phase '$phase' (exit $rc); what the clusters show:" >&2
@@ -606,16 +607,24 @@ wait_copy() { # ORIGIN PEER WHAT: poll until the copy equals the origin; prints 
 # rust_step TEST [VAR=VALUE...]: a scenario of e2e/tests/kind.rs run by name with the federation's
 # environment and VAR=VALUE...: its "time: WHAT = VALUE" lines recorded, the rest of its output
 # printed; returns the test's status.
-rust_step() {
-  local test=$1 out rc=0
+rust_test() { # TEST [VAR=VALUE...]: runs the scenario, printing its output; returns its status
+  local test=$1
   shift
-  out=$(cd "$root" && env AETHER_KIND_FED_DIR="$fed_dir" AETHER_KIND_ETCD_NODEPORT="$NODEPORT" "$@" \
-    "${CARGO:-cargo}" test -q -p aether-e2e --test kind -- --ignored --exact "$test" --nocapture 2>&1) || rc=$?
-  grep -v '^time: ' <<<"$out" | sed 's/^/  /' >&2
+  (cd "$root" && env AETHER_KIND_FED_DIR="$fed_dir" AETHER_KIND_ETCD_NODEPORT="$NODEPORT" "$@" \
+    "${CARGO:-cargo}" test -q -p aether-e2e --test kind -- --ignored --exact "$test" --nocapture 2>&1)
+}
+rust_report() { # OUTPUT: its "time: WHAT = VALUE" lines recorded, the rest printed
+  grep -v '^time: ' <<<"$1" | sed 's/^/  /' >&2
+  local line
   while IFS= read -r line; do
     line=${line#time: }
     record "${line% = *}" "${line##* = }"
-  done < <(grep '^time: ' <<<"$out")
+  done < <(grep '^time: ' <<<"$1")
+}
+rust_step() {
+  local out rc=0
+  out=$(rust_test "$@") || rc=$?
+  rust_report "$out"
   return $rc
 }
 run_id=$(date +%s)   # marks this run's writes in the steps below
@@ -817,72 +826,50 @@ uninstall_all() {
 }
 
 # --- 8b. A third region joins: c ------------------------------------------------------------------
-# federation.sh up a b c adds aether-c (its etcd, users mirror-a and mirror-b on it, mirror-c on a's
-# and b's etcds, the Secrets for every pair) and keeps a and b; the operator image goes into c; the
-# chart is installed in c with peers a and b, and a's and b's releases are upgraded with c as a
-# second peer. Checked: every RegionPeering Ready with two peers; c's keys on a and on b, a's and
-# b's subtrees on c, each equal to its origin; adding c did not re-sync a -> b or b -> a (their
-# peers' resyncs unchanged) and never lost a key of a on b (read throughout).
-join_third_region() {
-  local c=c r q t t0 ri n before_a before_b after_a after_b peers_of expected polls=0 keys
-  phase="federation.sh up a b c"
-  REGIONS=(a b c)   # from here on the dump and the teardown include c
-  before_a=$(rp_field a '{.status.peers[?(@.region=="b")].replication.resyncs}')
-  before_b=$(rp_field b '{.status.peers[?(@.region=="a")].replication.resyncs}')
-  expected=$(ectl b get --prefix --keys-only "$(prefix_of a)" | sed '/^$/d') || fail "reading a's subtree on aether-b"
+# Provisioned here, checked in Rust beside it (e2e/src/scenarios/join.rs; e2e/tests/kind.rs,
+# third_region_joins): federation.sh up a b c adds aether-c (its etcd, users mirror-a and mirror-b on
+# it, mirror-c on a's and b's etcds, the Secrets for every pair) and keeps a and b; the operator
+# image goes into c; the chart is installed in c with peers a and b, and a's and b's releases are
+# upgraded with c as a second peer. The Rust step reads a's copy on b and b's on a from before the
+# first change until the end: no key missing in any read. Then every RegionPeering Ready with two
+# peers; c's keys on a and on b, a's and b's subtrees on c; a -> b and b -> a not re-synced.
+provision_third_region() { # on failure: why, in provision_failure
+  local r t t0
   t0=$(now_ms)
   heavy "$kind_dir/federation.sh" up a b c >"$log_dir/aether-kind-e2e-up-c.log" 2>&1 \
-    || { tail -n 40 "$log_dir/aether-kind-e2e-up-c.log" >&2; fail "hack/kind/federation.sh up a b c"; }
+    || { tail -n 40 "$log_dir/aether-kind-e2e-up-c.log" >&2; provision_failure="hack/kind/federation.sh up a b c"; return 1; }
   record "third region: federation.sh up a b c (aether-c created, a and b kept)" "$(secs $(($(now_ms) - t0))) s"
-  phase="load-operator.sh c"
   t=$(now_ms)
-  heavy "$kind_dir/load-operator.sh" c >/dev/null || fail "hack/kind/load-operator.sh c"
+  heavy "$kind_dir/load-operator.sh" c >/dev/null || { provision_failure="hack/kind/load-operator.sh c"; return 1; }
   docker exec "$(node_of c)" ctr -n k8s.io images ls -q "name==$hook_image" | grep -qxF "$hook_image" \
-    || heavy "$kind_dir/images.sh" load aether-c >/dev/null || fail "hack/kind/images.sh load aether-c"
+    || heavy "$kind_dir/images.sh" load aether-c >/dev/null || { provision_failure="hack/kind/images.sh load aether-c"; return 1; }
   record "third region: load-operator.sh c" "$(secs $(($(now_ms) - t))) s"
-  phase="helm install aether-c, c as a peer of a and b"
   t=$(now_ms)
-  for r in c a b; do install_region "$r"; done
+  for r in c a b; do install_region "$r"; done   # a failure exits; on_exit tells the Rust step
   record "third region: helm install c, helm upgrade a and b with c as a peer" "$(secs $(($(now_ms) - t))) s"
-  # Every RegionPeering Ready with both its peers; b's copy of a read throughout.
-  phase="three regions Ready"
-  t=$(now_ms)
-  while :; do
-    keys=$(ectl b get --prefix --keys-only "$(prefix_of a)" 2>/dev/null | sed '/^$/d') && {
-      polls=$((polls + 1))
-      [[ $keys == "$expected" ]] || { diff <(echo "$expected") <(echo "$keys") | grep '^[<>]' | head -n 20 >&2; fail "a key of a went missing (or appeared) on aether-b while c joined"; }
-    }
-    n=0
-    for r in a b c; do
-      peers_of=$(rp_field "$r" '{.status.peers[*].region}')
-      [[ $(ready_status "$r") == True && $(wc -w <<<"$peers_of") == 2 ]] && n=$((n + 1))
-    done
-    ((n == 3)) && break
-    if (($(now_ms) - t > READY_TIMEOUT * 1000)); then
-      for r in a b c; do echo "e2e: regionpeering/$r:" >&2; rp_summary "$r" >&2; done
-      fail "not every RegionPeering Ready with two peers within $READY_TIMEOUT s of c joining"
-    fi
-    sleep 1
+}
+join_third_region() {
+  local watching=$e2e_tmp/join-watching joined=$e2e_tmp/join-done out=$e2e_tmp/join.out rc=0 start=$SECONDS
+  phase="a third region joins (e2e/tests/kind.rs: third_region_joins, beside the provisioning)"
+  rm -f "$watching" "$joined"
+  join_file=$joined
+  rust_test third_region_joins AETHER_E2E_WATCHING_FILE="$watching" AETHER_E2E_JOINED_FILE="$joined" \
+    AETHER_E2E_READY_TIMEOUT="$READY_TIMEOUT" AETHER_E2E_KEYS="$N_KEYS" AETHER_E2E_PROPAGATION_TIMEOUT="$PROPAGATION_TIMEOUT" \
+    >"$out" 2>&1 &
+  join_pid=$!
+  until [[ -f $watching ]]; do
+    kill -0 "$join_pid" 2>/dev/null || { wait "$join_pid" || true; rust_report "$(cat "$out")"; fail "third_region_joins exited before it read the baseline (its output above)"; }
+    ((SECONDS - start < 300)) || fail "third_region_joins read no baseline within 300 s"
+    sleep 0.5
   done
-  record "third region: helm done to a, b, c Ready with two peers each" "$(secs $(($(now_ms) - t))) s"
-  # c's keys reach a and b; a's and b's subtrees reach c.
-  phase="data path with three regions"
-  ri=$(region_index c)
-  ectl c del --prefix "/aether/v1/regions/c/clusters/kind-c/" >/dev/null || fail "clearing c's test keys"
-  for ((i = 0; i < N_KEYS; i++)); do
-    ectl c put "$(endpoint_key c "$ri" "$i")" "{\"clusterName\":\"kind-c\",\"region\":\"c\",\"i\":$i}" >/dev/null \
-      || fail "etcdctl put into aether-c's registry etcd"
-  done
-  t=$(now_ms)
-  for q in a b; do wait_copy c "$q" "c's $N_KEYS keys on aether-$q" || fail "c's keys did not reach aether-$q"; done
-  record "third region: $N_KEYS keys put into c to visible on a and b" "$(secs $(($(now_ms) - t))) s"
-  for q in a b; do wait_copy "$q" c "$q's subtree on aether-c" || fail "$q's subtree did not reach aether-c"; done
-  # Adding a peer is not a reason to re-sync the others.
-  after_a=$(rp_field a '{.status.peers[?(@.region=="b")].replication.resyncs}')
-  after_b=$(rp_field b '{.status.peers[?(@.region=="a")].replication.resyncs}')
-  [[ $after_a == "$before_a" && $after_b == "$before_b" ]] \
-    || fail "c joining re-synced an existing mirror: a -> b resyncs $before_a -> $after_a, b -> a $before_b -> $after_b"
-  say "ok: third region: a, b, c Ready with two peers each; c's keys on a and b, a's and b's on c; a -> b and b -> a not re-synced ($after_a, $after_b); a's $(wc -l <<<"$expected") keys on b in all $polls reads"
+  REGIONS=(a b c)   # from here on the dump and the teardown include c
+  phase="federation.sh up a b c, the image into c, helm install c, helm upgrade a and b"
+  provision_failure=''
+  if provision_third_region; then echo ok >"$joined"; else echo "$provision_failure" >"$joined"; fi
+  wait "$join_pid" || rc=$?
+  join_pid='' join_file=''
+  rust_report "$(cat "$out")"
+  ((rc == 0)) || { for r in a b c; do echo "e2e: regionpeering/$r:" >&2; rp_summary "$r" >&2; done; fail "a third region joining (e2e/tests/kind.rs, its output above)"; }
   o=a p=b
 }
 
