@@ -83,6 +83,9 @@ pub struct RegionRow {
     pub refreshed: Option<String>,
     /// Why the status cannot be trusted any more (nobody refreshes it), if so.
     pub stale: Option<String>,
+    /// What the region runs with but should not (conditions that do not make it unready, such as a
+    /// TTL too short to cover a handoff): "Type=False (Reason): message".
+    pub warnings: Vec<String>,
 }
 
 /// A context that could not be read: which, its API server, and why.
@@ -160,6 +163,12 @@ pub fn rows(context: &str, rp: &RegionPeering) -> (RegionRow, Vec<MirrorRow>) {
         leader: status.leader.clone(),
         refreshed: status.refreshed_time.as_ref().map(|t| t.0.to_string()),
         stale: None,
+        warnings: status
+            .conditions
+            .iter()
+            .filter(|c| WARNING_WHEN_FALSE.contains(&c.type_.as_str()) && c.status == "False")
+            .map(|c| format!("{}=False ({}): {}", c.type_, c.reason, c.message))
+            .collect(),
     };
     let mirrors = rp
         .spec
@@ -184,6 +193,14 @@ pub fn rows(context: &str, rp: &RegionPeering) -> (RegionRow, Vec<MirrorRow>) {
         })
         .collect();
     (region, mirrors)
+}
+
+/// Conditions that leave a region Ready but say it runs with a risk when False.
+const WARNING_WHEN_FALSE: &[&str] = &["HandoffCovered"];
+
+/// What the regions run with but should not, whether healthy or not (pure).
+pub fn warnings(f: &Federation) -> Vec<String> {
+    f.regions.iter().flat_map(|r| r.warnings.iter().map(move |w| format!("{} ({}): {w}", r.region, r.object))).collect()
 }
 
 /// Why the federation is not healthy; empty when it is (pure).
@@ -280,6 +297,13 @@ pub fn render_table(f: &Federation) -> String {
         let _ = writeln!(out, "\nnot healthy:");
         for p in problems {
             let _ = writeln!(out, "  - {p}");
+        }
+    }
+    let warnings = warnings(f);
+    if !warnings.is_empty() {
+        let _ = writeln!(out, "\nwarnings:");
+        for w in warnings {
+            let _ = writeln!(out, "  - {w}");
         }
     }
     out
@@ -564,6 +588,34 @@ mod tests {
             table.contains("not healthy") && table.lines().any(|l| l.starts_with("a") && l.contains("Backoff")),
             "{table}"
         );
+    }
+
+    #[test]
+    fn a_ttl_too_short_for_a_handoff_is_a_warning_of_a_healthy_federation() {
+        let mut rp = peering(&[("b", "Watching", true)]);
+        let mut covered = rp.status.as_ref().unwrap().conditions[0].clone();
+        (covered.type_, covered.status, covered.reason) =
+            ("HandoffCovered".into(), "False".into(), "TtlShorterThanHandoff".into());
+        covered.message = "set lease.ttlSeconds to at least 23".into();
+        rp.status.as_mut().unwrap().conditions.push(covered.clone());
+        let (region, mirrors) = rows("ctx", &rp);
+        let f = Federation { regions: vec![region], mirrors, unreachable: vec![] };
+        assert!(problems(&f).is_empty(), "a warning is no problem: {:?}", problems(&f));
+        assert_eq!(
+            warnings(&f),
+            ["a (fed/a): HandoffCovered=False (TtlShorterThanHandoff): set lease.ttlSeconds to at least 23"]
+        );
+        let table = render_table(&f);
+        assert!(
+            table.contains("healthy: 1 regions") && table.contains("warnings:\n  - a (fed/a): HandoffCovered=False"),
+            "{table}"
+        );
+        // Covered: nothing to say.
+        covered.status = "True".into();
+        rp.status.as_mut().unwrap().conditions[1] = covered;
+        let (region, mirrors) = rows("ctx", &rp);
+        let f = Federation { regions: vec![region], mirrors, unreachable: vec![] };
+        assert!(warnings(&f).is_empty() && !render_table(&f).contains("warnings"));
     }
 
     #[test]
