@@ -4,6 +4,7 @@
 pub mod handoff;
 pub mod join;
 pub mod metrics;
+pub mod plugin;
 pub mod rotation;
 pub mod uninstall;
 pub mod upgrade;

@@ -147,13 +147,18 @@ impl KindFederation {
         Ok(KindFederation { dir, nodeport })
     }
 
+    /// The kubeconfig with a context `kind-aether-<region>` per region.
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.dir.join("kubeconfig")
+    }
+
     /// A command of the shipped tool `tool` (helm, kubectl) against `region`'s cluster, in the
     /// operator's namespace.
     pub fn tool(&self, tool: &str, region: &str) -> anyhow::Result<tokio::process::Command> {
         let mut command = tokio::process::Command::new(aether_harness::tool_path(tool)?);
         let context = format!("kind-aether-{region}");
         let context_flag = if tool == "helm" { "--kube-context" } else { "--context" };
-        command.arg("--kubeconfig").arg(self.dir.join("kubeconfig")).args([context_flag, &context, "-n", NAMESPACE]);
+        command.arg("--kubeconfig").arg(self.kubeconfig()).args([context_flag, &context, "-n", NAMESPACE]);
         Ok(command)
     }
 

@@ -17,6 +17,7 @@
 use aether_e2e::scenarios::handoff::{HandoffBounds, leader_handoff};
 use aether_e2e::scenarios::join::{JoinBounds, region_joins};
 use aether_e2e::scenarios::metrics::scrape_leader;
+use aether_e2e::scenarios::plugin::{Plugin, reports_healthy, watch_stale};
 use aether_e2e::scenarios::rotation::{RotationBounds, rotate_peer_certificate};
 use aether_e2e::scenarios::uninstall::helm_uninstall;
 use aether_e2e::scenarios::upgrade::{RollBounds, deployed_image, restore_replicas, revision, roll_under_load};
@@ -62,6 +63,10 @@ async fn data_path_both_ways() {
 #[ignore = "needs the kind clusters hack/kind/e2e.sh makes"]
 async fn region_loss_and_recovery() {
     let mut kind = KindFederation::from_env().unwrap();
+    // `kubectl aether status --etcd`, polled from the loss's start, must call a STALE.
+    let stale = Plugin::from_env(&kind).map(|plugin| {
+        tokio::spawn(async move { watch_stale(&plugin, &["a", "b"], "a", Duration::from_secs(60)).await })
+    });
     let bounds = LossBounds {
         lapse_margin: Duration::from_secs(number("AETHER_E2E_LAPSE_MARGIN", 5)),
         refresh: Duration::from_secs(number("AETHER_E2E_REFRESH_SECONDS", 5)),
@@ -83,6 +88,17 @@ async fn region_loss_and_recovery() {
         "time: region loss: a's copy gone to regionpeering/b inbound[a].keys = 0 = {}",
         seconds(loss.inbound_zero)
     );
+    match stale {
+        Some(watch) => {
+            let (took, why) = watch.await.unwrap().unwrap_or_else(|e| panic!("{e:#}"));
+            println!("kubectl aether status: a STALE ({why}), b not, exit 1");
+            println!(
+                "time: region loss: the loss's start to kubectl aether status calling a STALE = {}",
+                seconds(took)
+            );
+        }
+        None => println!("kubectl aether status during the loss: SKIPPED (no plugin)"),
+    }
     let started = std::time::Instant::now();
     let deadline = Duration::from_secs(number("AETHER_E2E_RECOVERY_TIMEOUT", 180));
     region_recovery(&mut kind, "a", loss.own_keys, &["b"], deadline)
@@ -316,4 +332,30 @@ async fn third_region_joins() {
         j.kept_keys, j.reads
     );
     println!("time: third region: resyncs of the existing mirrors (unchanged) = {:?}", j.resyncs);
+}
+
+/// `kubectl aether status` (plain and `--etcd`) and `kubectl aether doctor a` on the healthy
+/// federation, as the shipped plugin: healthy, every copy counted, the origins' local etcds checked
+/// by their leaders.
+#[tokio::test]
+#[ignore = "needs the kind clusters hack/kind/e2e.sh makes"]
+async fn plugin_reports_healthy() {
+    let kind = KindFederation::from_env().unwrap();
+    let Some(plugin) = Plugin::from_env(&kind) else {
+        println!("kubectl aether: SKIPPED (no plugin)");
+        return;
+    };
+    let mut on_peer = std::collections::BTreeMap::new();
+    for (origin, peer) in [("a", "b"), ("b", "a")] {
+        on_peer.insert(origin.to_string(), subtree(&kind, peer, origin).await.unwrap().len() as i64);
+    }
+    let (status, doctor) = reports_healthy(&plugin, &["a", "b"], &on_peer).await.unwrap_or_else(|e| panic!("{e:#}"));
+    println!(
+        "time: kubectl aether status --etcd over both contexts (healthy, origins checked by their leaders) = {:.1} s",
+        status.as_secs_f64()
+    );
+    println!(
+        "time: kubectl aether doctor a from this host (its local etcd checked by the leader) = {:.1} s",
+        doctor.as_secs_f64()
+    );
 }

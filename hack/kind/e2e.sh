@@ -163,12 +163,7 @@ ectl() {
     --cert "$d/client-root.crt" --key "$d/client-root.key" --dial-timeout 5s --command-timeout 10s "$@"
 }
 prefix_of() { echo "/aether/v1/regions/$1/"; }
-endpoint_key() { # REGION I: the v1 layout of operator/src/keys.rs
-  echo "/aether/v1/regions/$1/clusters/kind-$1/services/echo/protocols/http/endpoints/10.$2.$(($3 / 250)).$(($3 % 250 + 1))"
-}
-region_index() { case $1 in a) echo 1 ;; b) echo 2 ;; c) echo 3 ;; *) echo 9 ;; esac; }
 rp_field() { k "$1" -n "$NS" get regionpeering "$1" -o jsonpath="$2" 2>/dev/null; }
-rp_peer_of() { rp_field "$1" "{.status.peers[?(@.region==\"$2\")].$3}"; }   # REGION PEER FIELD
 ready_status() { rp_field "$1" '{.status.conditions[?(@.type=="Ready")].status}'; }
 rp_summary() { # REGION: what a person would look at
   k "$1" -n "$NS" get regionpeering "$1" -o jsonpath='leader={.status.leader} peersReady={.status.peersReady}{"\n"}{range .status.conditions[*]}  {.type}={.status} {.reason}: {.message}{"\n"}{end}{range .status.peers[*]}  peer {.region}: phase={.phase} reachable={.reachable} keys={.replication.keys} synced={.replication.synced} resyncs={.replication.resyncs} lag={.replication.lagSeconds}s/{.replication.lagRevisions}rev lastError={.lastError}{"\n"}{end}{range .status.inbound[*]}  inbound {.region}: keys={.keys} synced={.synced} leaseTtlRemaining={.leaseTtlRemainingSeconds}s{"\n"}{end}' 2>&1 || true
@@ -218,7 +213,7 @@ on_exit() {
   trap - EXIT INT TERM
   local pid
   [[ -n ${join_file:-} && ! -e $join_file ]] && echo "hack/kind/e2e.sh exited: $phase" >"$join_file"   # the third region's Rust step
-  for pid in ${stale_watch_pid:-} ${join_pid:-}; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
+  for pid in ${join_pid:-}; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
   [[ -n $e2e_tmp ]] && rm -rf "$e2e_tmp"
   if ((rc != 0)); then
     echo "e2e: FAILED in phase '$phase' (exit $rc); what the clusters show:" >&2
@@ -275,105 +270,10 @@ find_plugin() {
   done
   return 1
 }
-# aether_status OUT ARGS...: `kubectl aether status` over both regions' contexts, JSON into OUT;
-# prints its exit code (0 healthy, 1 not, 2 could not check).
-aether_status() {
-  local out=$1 rc=0; shift
-  PATH=$plugin_dir:$PATH "$kubectl_bin" aether status --kubeconfig "$kubeconfig" \
-    --context "kind-aether-$o" --context "kind-aether-$p" -o json "$@" >"$out" 2>"$out.err" || rc=$?
-  echo "$rc"
-}
-# What the JSON says, one line a region and a mirror.
-aether_status_lines() {
-  python3 - "$1" <<'PY' 2>&1 || { echo "(not JSON:)"; head -c 600 "$1"; cat "$1.err" 2>/dev/null; }
-import json, sys
-d = json.load(open(sys.argv[1]))
-print("  healthy=%s" % d.get("healthy"))
-for r in d.get("regions", []):
-    print("  region %s: Ready=%s (%s) leader=%s refreshed=%s stale=%s" % (r["region"], r["ready"], r["reason"], r.get("leader"), r.get("refreshed"), r.get("stale")))
-for m in d.get("mirrors", []):
-    e = m.get("etcd")
-    etcd = "" if e is None else " etcd: originKeys=%s peerKeys=%s canarySynced=%s checkpoint=%s problems=%s" % (
-        e.get("originKeys"), e.get("peerKeys"), e.get("canarySynced"), e.get("checkpointRevision"), e.get("problems"))
-    print("  mirror %s -> %s: phase=%s synced=%s reachable=%s keys=%s%s" % (m["origin"], m["peer"], m["phase"], m["synced"], m["reachable"], m["keys"], etcd))
-for u in d.get("unreachable", []):
-    print("  context %s unreadable: %s" % (u["context"], u["error"]))
-for p in d.get("problems", []):
-    print("  problem: %s" % p)
-PY
-}
-# From this host the --etcd check cannot dial a region's local etcd: the RegionPeering names it by
-# its in-cluster Service (registry-etcd.aether-system.svc), which resolves only inside the
-# cluster. The plugin then asks the region's leader to check from its pod (--etcd-from auto, the
-# default): the federation is healthy from here, exit 0, and each such mirror says where it was
-# checked.
-aether_status_healthy() { # before the region loss: both Ready, nothing stale; --etcd: canary, checkpoint, key counts
-  phase="kubectl aether status (healthy)"
-  local rc out=$e2e_tmp/status-healthy.json t
-  t=$(now_ms)
-  rc=$(aether_status "$out")
-  say "kubectl aether status (from $plugin_from), exit $rc:"; aether_status_lines "$out" >&2
-  ((rc == 0)) || fail "kubectl aether status --context kind-aether-$o --context kind-aether-$p: exit $rc on a healthy federation"
-  t=$(now_ms)
-  rc=$(aether_status "$out" --etcd)
-  record "kubectl aether status --etcd over both contexts (healthy, origins checked by their leaders)" "$(secs $(($(now_ms) - t))) s, exit $rc"
-  say "kubectl aether status --etcd, exit $rc:"; aether_status_lines "$out" >&2
-  python3 - "$out" "$rc" "$NS" "$o=$(count_of "$p" "$(prefix_of "$o")")" "$p=$(count_of "$o" "$(prefix_of "$p")")" <<'PY' \
-    || fail "kubectl aether status --etcd does not show a healthy federation (above)"
-import json, sys
-d = json.load(open(sys.argv[1])); rc = int(sys.argv[2]); ns = sys.argv[3]
-on_peer = dict(a.split("=") for a in sys.argv[4:])
-bad = []
-regions = {r["region"]: r for r in d.get("regions", [])}
-mirrors = {m["origin"]: m for m in d.get("mirrors", [])}
-for origin, n in on_peer.items():
-    r = regions.get(origin)
-    if not r:
-        bad.append("no region row for %s" % origin); continue
-    if r.get("stale"): bad.append("region %s STALE: %s" % (origin, r["stale"]))
-    if r.get("ready") != "True": bad.append("region %s Ready=%s" % (origin, r.get("ready")))
-    m = mirrors.get(origin)
-    if not m:
-        bad.append("no mirror row from %s" % origin); continue
-    if not (m["synced"] and m["reachable"]): bad.append("mirror from %s: synced=%s reachable=%s" % (origin, m["synced"], m["reachable"]))
-    e = m.get("etcd") or {}
-    if e.get("canarySynced") is not True: bad.append("mirror from %s: canary %s" % (origin, e.get("canarySynced")))
-    if e.get("checkpointRevision") is None: bad.append("mirror from %s: no checkpoint" % origin)
-    if str(e.get("peerKeys")) != n: bad.append("mirror from %s: peerKeys %s, the peer's etcd holds %s" % (origin, e.get("peerKeys"), n))
-    if e.get("originKeys") is None: bad.append("mirror from %s: the origin's keys not counted" % origin)
-    if e.get("problems"): bad.append("mirror from %s: %s" % (origin, e["problems"]))
-    # The origin's local etcd is an in-cluster Service: only the region's leader can reach it.
-    if not str(e.get("checkedFrom") or "").startswith(ns + "/"): bad.append("mirror from %s: checkedFrom=%s, expected the leader's pod in %s" % (origin, e.get("checkedFrom"), ns))
-    elif e["checkedFrom"].split("/", 1)[1] != r.get("leader"): bad.append("mirror from %s: checked from %s, the status names leader %s" % (origin, e["checkedFrom"], r.get("leader")))
-if d.get("unreachable"): bad.append("unreadable contexts: %s" % d["unreachable"])
-if d.get("problems"): bad.append("problems: %s" % d["problems"])
-if rc != 0: bad.append("exit %d on a healthy federation" % rc)
-if bad:
-    sys.exit("; ".join(bad))
-PY
-  say "ok: kubectl aether status: $o and $p Ready, neither STALE; --etcd: exit 0, every peer's canary synced, checkpoint present, key counts equal to the peers' etcds, the origins' local etcds counted by their leaders"
-  # doctor from this host, as a user runs it: the local etcd (an in-cluster Service name) is
-  # checked by the region's leader in its pod (--from auto, the default), the peer from here.
-  phase="kubectl aether doctor (healthy)"
-  local doc=$e2e_tmp/doctor-healthy.json
-  t=$(now_ms); rc=0
-  PATH=$plugin_dir:$PATH "$kubectl_bin" aether doctor "$o" --kubeconfig "$kubeconfig" --context "kind-aether-$o" \
-    -n "$NS" -o json >"$doc" 2>"$doc.err" || rc=$?
-  record "kubectl aether doctor $o from this host (its local etcd checked by the leader)" "$(secs $(($(now_ms) - t))) s, exit $rc"
-  python3 - "$doc" "$rc" <<'PY' || { cat "$doc" "$doc.err" >&2; fail "kubectl aether doctor $o from this host on a healthy federation (above)"; }
-import json, sys
-findings = json.load(open(sys.argv[1])); rc = int(sys.argv[2]); bad = []
-failed = [f for f in findings if f["level"] == "Fail"]
-if failed: bad.append("failed: %s" % failed)
-local = [f for f in findings if f["target"] == "local etcd"]
-if not any(f["check"] == "connect" and f["level"] == "Ok" for f in local): bad.append("the local etcd was not connected to: %s" % local)
-if not all("checked from the leader's pod" in f["detail"] for f in local): bad.append("the local etcd's findings do not say the leader checked them: %s" % local)
-if not any(f["target"].startswith("peer ") and f["check"] == "connect" and f["level"] == "Ok" for f in findings): bad.append("no peer connected to")
-if rc != 0: bad.append("exit %d" % rc)
-if bad: sys.exit("; ".join(bad))
-PY
-  say "ok: kubectl aether doctor $o from this host: exit 0, no check failed, its local etcd checked from the leader's pod"
-}
+# The plugin's checks are Rust (e2e/src/scenarios/plugin.rs): `kubectl aether status` and `doctor`
+# run as the plugin on the PATH, their JSON read into the operator's own types. They get the
+# plugin's directory and this kubectl.
+plugin_env=()
 # The Verify commands of the README and of docs/multi-region.md, run as written on this healthy
 # federation: their regions are this one's (eu-west -> a, us-east -> b, a context per region named
 # kind-aether-<r>, the current one eu-west's), and each command exits 0.
@@ -399,47 +299,9 @@ docs_verify() {
   done
   say "ok: the Verify commands of the README and docs/multi-region.md, run as written, exit 0 (what they printed: $log_dir/aether-kind-e2e-docs-verify.log)"
 }
-# In the background from the moment a's operator is gone: kubectl aether status --etcd every
-# second until it calls o STALE (or 60 s pass); the time into DIR/stale.ms.
-aether_status_watch_stale() { # DIR T_GONE_MS
-  local dir=$1 t0=$2 start=$SECONDS rc
-  while :; do
-    rc=$(aether_status "$dir/status-loss.json" --etcd)
-    echo "$rc" >"$dir/status-loss.rc"
-    if python3 -c 'import json, sys
-d = json.load(open(sys.argv[1]))
-sys.exit(0 if any(r["region"] == sys.argv[2] and r.get("stale") for r in d.get("regions", [])) else 1)' "$dir/status-loss.json" "$o" 2>/dev/null; then
-      echo "$(($(now_ms) - t0))" >"$dir/stale.ms"
-      return 0
-    fi
-    ((SECONDS - start < 60)) || return 1
-    sleep 1
-  done
-}
-aether_status_stale_check() { # after the region loss's polling: what the watcher saw
-  local pid=$1 rc
-  wait "$pid" 2>/dev/null || true
-  rc=$(cat "$e2e_tmp/status-loss.rc" 2>/dev/null || echo none)
-  say "kubectl aether status --etcd during the region loss (exit $rc):"; aether_status_lines "$e2e_tmp/status-loss.json" >&2
-  [[ -s $e2e_tmp/stale.ms ]] || fail "kubectl aether status never called region $o STALE within 60 s of its operator going away"
-  record "region loss: operator gone to kubectl aether status calling $o STALE" "$(secs "$(cat "$e2e_tmp/stale.ms")") s"
-  python3 - "$e2e_tmp/status-loss.json" "$rc" "$o" "$p" <<'PY' || fail "kubectl aether status during the region loss (above)"
-import json, sys
-d = json.load(open(sys.argv[1])); rc, o, p = sys.argv[2], sys.argv[3], sys.argv[4]
-regions = {r["region"]: r for r in d.get("regions", [])}
-bad = []
-if rc != "1": bad.append("exit %s, expected 1 (not healthy)" % rc)
-if d.get("healthy") is not False: bad.append("healthy=%s" % d.get("healthy"))
-if not (regions.get(o) or {}).get("stale"): bad.append("region %s not STALE" % o)
-if (regions.get(p) or {}).get("stale"): bad.append("region %s STALE too: %s" % (p, regions[p]["stale"]))
-if not any(x.startswith("%s (" % o) and ": stale:" in x for x in d.get("problems", [])): bad.append("no problem names %s stale" % o)
-if bad:
-    sys.exit("; ".join(bad))
-PY
-  say "ok: kubectl aether status: region $o STALE ($(python3 -c 'import json, sys; print([r["stale"] for r in json.load(open(sys.argv[1]))["regions"] if r["region"] == sys.argv[2]][0])' "$e2e_tmp/status-loss.json" "$o")), $p not; exit 1"
-}
 if find_plugin; then
   say "kubectl aether: $plugin_from, as $plugin_dir/kubectl-aether ($("$plugin_dir/kubectl-aether" --version))"
+  plugin_env=(AETHER_E2E_PLUGIN_DIR="$plugin_dir" AETHER_E2E_KUBECTL="$kubectl_bin")
 else
   plugin_from=''
   say "kubectl aether: SKIPPED: no plugin binary of version $version in target/ (krew archives, make image's binary, the release builds); this script builds none"
@@ -572,13 +434,7 @@ for r in "${REGIONS[@]}"; do
 done
 
 # --- 4. Data path -----------------------------------------------------------------------------------
-# The peer's copy of ORIGIN's subtree equals the origin's, keys and values (the mirror is verbatim).
-copy_equal() { # ORIGIN PEER
-  local o p
-  o=$(ectl "$1" get --prefix "$(prefix_of "$1")") || return 1
-  p=$(ectl "$2" get --prefix "$(prefix_of "$1")") || return 1
-  [[ $o == "$p" ]]
-}
+# What a failure prints: the keys that differ between ORIGIN's subtree and PEER's copy.
 count_of() { # REGION PREFIX
   ectl "$1" get --prefix "$2" --count-only -w fields 2>/dev/null | awk '/"Count"/ {print $3}'
 }
@@ -588,17 +444,6 @@ show_difference() { # ORIGIN PEER
   diff <(ectl "$1" get --prefix --keys-only "$pre" 2>&1 | sed '/^$/d') <(ectl "$2" get --prefix --keys-only "$pre" 2>&1 | sed '/^$/d') | grep '^[<>]' | head -n 20 >&2 || true
   echo "e2e: regionpeering $1 shows:" >&2
   rp_summary "$1" >&2
-}
-wait_copy() { # ORIGIN PEER WHAT: poll until the copy equals the origin; prints the seconds it took
-  local o=$1 p=$2 what=$3 start; start=$(now_ms)
-  until copy_equal "$o" "$p"; do
-    if (($(now_ms) - start > PROPAGATION_TIMEOUT * 1000)); then
-      show_difference "$o" "$p"
-      return 1
-    fi
-    sleep 0.25
-  done
-  say "ok: $what after $(secs $(($(now_ms) - start))) s"
 }
 
 # The step itself is Rust, the same code the local e2e runs (e2e/src/scenarios.rs, data_path):
@@ -635,15 +480,7 @@ rust_step data_path_both_ways AETHER_E2E_KEYS="$N_KEYS" AETHER_E2E_DELETE="$N_DE
 
 # --- 5. Leader handoffs in a: graceful, forced, crashed, lost -------------------------------------
 o=a p=b
-pre=$(prefix_of "$o")
 holder() { k "$o" -n "$NS" get lease "$LEASE_NAME" -o jsonpath='{.spec.holderIdentity}' 2>/dev/null; }
-# Events of regionpeering/o by reason, repetitions counted (the recorder aggregates them in a series).
-event_count() { # REASON
-  k "$o" -n "$NS" get events --field-selector "involvedObject.kind=RegionPeering,involvedObject.name=$o,reason=$1" -o json \
-    | python3 -c '
-import json, sys
-print(sum(max((e.get("series") or {}).get("count") or 0, e.get("count") or 0, 1) for e in json.load(sys.stdin)["items"]))'
-}
 deploy_arg() { # REGION FLAG: the value of --FLAG=... in the operator container's args ("true" for a bare --FLAG)
   k "$1" -n "$NS" get deployment "$RELEASE" -o jsonpath='{.spec.template.spec.containers[?(@.name=="operator")].args}' 2>/dev/null \
     | python3 -c 'import json, sys
@@ -688,29 +525,21 @@ rust_step metrics_scrape || fail "the metrics scrape (e2e/tests/kind.rs, its out
 # (--refresh-seconds): within pause + refresh + AETHER_E2E_STATUS_MARGIN of a's etcd pod being
 # gone; inbound[a].keys 0 within a refresh + margin of the lapse. Then a's etcd and one operator
 # back: a's copy on b and b's on a whole again, both RegionPeerings Ready, a reachable.
-# Around it, here: `kubectl aether status` (the shipped plugin) healthy before, and polled in the
-# background from the step's start until it calls a STALE.
+# Around it: `kubectl aether status` and `doctor` (the shipped plugin) healthy before (Rust:
+# plugin_reports_healthy), the docs' Verify commands run as written (here), and `kubectl aether
+# status --etcd` polled from the loss's start until it calls a STALE (inside region_loss_and_recovery).
 region_loss_and_recovery() {
-  phase="region loss ($o)"
-  [[ -n $plugin_from ]] && aether_status_healthy && docs_verify
-  phase="region loss and recovery ($o) (e2e/tests/kind.rs: region_loss_and_recovery)"
-  local refresh rc=0
-  refresh=$(deploy_arg "$p" refresh-seconds || true); refresh=${refresh:-5}
-  stale_watch_pid=''
   if [[ -n $plugin_from ]]; then
-    aether_status_watch_stale "$e2e_tmp" "$(now_ms)" &
-    stale_watch_pid=$!
+    phase="kubectl aether status and doctor, healthy (e2e/tests/kind.rs: plugin_reports_healthy)"
+    rust_step plugin_reports_healthy "${plugin_env[@]}" || fail "kubectl aether on a healthy federation (e2e/tests/kind.rs, its output above)"
+    docs_verify
   fi
-  rust_step region_loss_and_recovery AETHER_E2E_LAPSE_MARGIN="$LAPSE_MARGIN" AETHER_E2E_STATUS_MARGIN="$STATUS_MARGIN" \
-    AETHER_E2E_REFRESH_SECONDS="$refresh" AETHER_E2E_RECOVERY_TIMEOUT="$RECOVERY_TIMEOUT" || rc=$?
-  if [[ -n $stale_watch_pid ]]; then
-    aether_status_stale_check "$stale_watch_pid"
-    stale_watch_pid=''
-  fi
-  if ((rc != 0)); then
-    rp_summary "$o" >&2; rp_summary "$p" >&2
-    fail "the region loss and recovery (e2e/tests/kind.rs, its output above)"
-  fi
+  phase="region loss and recovery ($o) (e2e/tests/kind.rs: region_loss_and_recovery)"
+  local refresh
+  refresh=$(deploy_arg "$p" refresh-seconds || true); refresh=${refresh:-5}
+  rust_step region_loss_and_recovery "${plugin_env[@]}" AETHER_E2E_LAPSE_MARGIN="$LAPSE_MARGIN" \
+    AETHER_E2E_STATUS_MARGIN="$STATUS_MARGIN" AETHER_E2E_REFRESH_SECONDS="$refresh" AETHER_E2E_RECOVERY_TIMEOUT="$RECOVERY_TIMEOUT" \
+    || { rp_summary "$o" >&2; rp_summary "$p" >&2; fail "the region loss and recovery (e2e/tests/kind.rs, its output above)"; }
   rp_summary "$o" >&2; rp_summary "$p" >&2
 }
 region_loss_and_recovery
