@@ -429,6 +429,44 @@ async fn a_burst_into_an_empty_subtree_under_auth_resyncs_to_more_leases_instead
     handle.shutdown().await;
 }
 
+/// A subtree that grows under auth by steady Txns after a small sync (as a writer creating 100
+/// keys a second does; on kind, the upgrade step's) outgrows its layout and reshards. Each reshard
+/// is a full sync, and a sync may share a snapshot another sync of the region pinned moments ago,
+/// but never one older than what the worker already sent: copied from it, the merge would delete
+/// from the peer the keys created since, and the watch would put them back. Before that rule the
+/// worker looped through dozens of reshards in ten seconds, each taking the copy back to the
+/// first one's snapshot (93 on kind in 33 s).
+#[tokio::test]
+async fn a_subtree_growing_under_auth_reshards_from_snapshots_no_older_than_the_copy_and_its_keys_never_go_back() {
+    let MtlsPeer { origin, peer, mut o, root } = mtls_peer_with_mirror_user(40).await;
+    let (_proxies, peer_target) = far_members_as_mirror_user(&peer, Duration::ZERO).await;
+    let mut cfg = config("w1");
+    cfg.lease_ttl_seconds = 30;
+    cfg.keepalive_interval = Duration::from_secs(10);
+    let (handle, _e) = start(cfg, EtcdTarget::plain([origin.endpoint()]), peer_target);
+    wait_synced(&handle).await;
+    let consumer = Consumer::watch(&o, &root, "a").await;
+    // 200 creates, ten to a Txn, ten Txns a second: the pace of a writer, not a wait for anything.
+    for first in (40..240).step_by(10) {
+        let puts: Vec<TxnOp> =
+            (first..first + 10).map(|i| TxnOp::put(endpoint_key("a", i), endpoint_value("a", i, "v1"), None)).collect();
+        o.txn(Txn::new().and_then(puts)).await.expect("origin txn");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    converged(&o, &root, "a", DEADLINE).await;
+    let cap = aether_operator::mirror::plan::AUTH_MAX_KEYS_PER_LEASE as usize;
+    support::mirror::wait_placed_under_cap(&root, cap, &handle).await;
+    let health = handle.health();
+    let reshards = health.resyncs_by_cause.get("reshard").copied().unwrap_or(0);
+    assert!(
+        (1..=4).contains(&reshards),
+        "40 -> 240 keys under a lease cap of {cap}: {reshards} reshards ({:?})",
+        health.resyncs_by_cause
+    );
+    consumer.verdict(Consistency::PerKey).await.unwrap_or_else(|e| panic!("a consumer of the peer saw {e}"));
+    handle.shutdown().await;
+}
+
 /// Puts endpoint keys `range` on the origin, 64 at a time, one revision each.
 async fn burst(o: &Client, range: std::ops::Range<usize>) {
     use futures::StreamExt;

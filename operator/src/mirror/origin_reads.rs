@@ -16,7 +16,9 @@
 //! itself: nobody waits on a slower peer, and each worker's health counts the pages it read and
 //! those it was given. A snapshot older than the window, or of another cluster (the origin
 //! replaced, or the object now naming another etcd), is never shared, nor with a sync because the
-//! origin was restored: those pin their own.
+//! origin was restored, nor with a worker that already sent its peer a newer revision (a resync the
+//! watch asked for: copied from the older snapshot, the merge would take the peer back, delete
+//! what was created since, and the watch put it back): those pin their own.
 use crate::mirror::plan::Kv;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -83,20 +85,33 @@ impl Inner {
     }
 }
 
-/// Whether a sync starting `now` copies the snapshot pinned `pinned_at` (pure).
-pub fn shares_snapshot(pinned: &Pinned, pinned_at: Instant, cluster_id: u64, now: Instant) -> bool {
-    pinned.cluster_id == cluster_id && now.saturating_duration_since(pinned_at) < SHARE_WINDOW
+/// What of an earlier sync's snapshot a sync may copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reuse {
+    /// Nothing: the origin was restored or replaced; the sync pins its own.
+    Never,
+    /// A snapshot at this revision or newer: the worker may already have sent its peer the origin
+    /// through this revision, and a copy from an older snapshot would take the peer back.
+    NoOlderThan(i64),
+}
+
+/// Whether a sync starting `now` that may `reuse` copies the snapshot pinned `pinned_at` (pure).
+pub fn shares_snapshot(pinned: &Pinned, pinned_at: Instant, cluster_id: u64, now: Instant, reuse: Reuse) -> bool {
+    let new_enough = match reuse {
+        Reuse::Never => false,
+        Reuse::NoOlderThan(floor) => pinned.revision >= floor,
+    };
+    new_enough && pinned.cluster_id == cluster_id && now.saturating_duration_since(pinned_at) < SHARE_WINDOW
 }
 
 impl OriginReads {
-    /// The snapshot a sync of the origin `cluster_id` copies: one pinned within the window, or a
-    /// new one from `pin` (which counts the subtree), which later syncs then share. `fresh`
-    /// (a sync because the origin was restored or replaced) never copies an earlier one. The
-    /// sync copies it while it holds the returned [`Copying`].
+    /// The snapshot a sync of the origin `cluster_id` copies: one pinned within the window that
+    /// `reuse` allows, or a new one from `pin` (which counts the subtree), which later syncs then
+    /// share. The sync copies it while it holds the returned [`Copying`].
     pub async fn pin<F, Fut>(
         self: &Arc<Self>,
         cluster_id: u64,
-        fresh: bool,
+        reuse: Reuse,
         pin: F,
     ) -> anyhow::Result<(Pinned, Copying)>
     where
@@ -104,7 +119,7 @@ impl OriginReads {
         Fut: std::future::Future<Output = anyhow::Result<Pinned>>,
     {
         let _pinning = self.pinning.lock().await;
-        let pinned = match self.shared(cluster_id, Instant::now()).filter(|_| !fresh) {
+        let pinned = match self.shared(cluster_id, Instant::now(), reuse) {
             Some(shared) => shared,
             None => {
                 let pinned = pin().await?;
@@ -119,10 +134,10 @@ impl OriginReads {
         Ok((pinned, Copying { reads: self.clone(), revision: pinned.revision }))
     }
 
-    fn shared(&self, cluster_id: u64, now: Instant) -> Option<Pinned> {
+    fn shared(&self, cluster_id: u64, now: Instant, reuse: Reuse) -> Option<Pinned> {
         let inner = self.lock();
         let (pinned, at) = inner.snapshot.as_ref()?;
-        shares_snapshot(pinned, *at, cluster_id, now).then_some(*pinned)
+        shares_snapshot(pinned, *at, cluster_id, now, reuse).then_some(*pinned)
     }
 
     /// The page `key` of the snapshot at `revision`: read once by `read`, by whichever sync asks
@@ -213,6 +228,9 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
+    /// A sync that has sent its peer nothing yet.
+    const ANY: Reuse = Reuse::NoOlderThan(0);
+
     fn pinned(cluster_id: u64, revision: i64) -> Pinned {
         Pinned { cluster_id, revision, total: 3 }
     }
@@ -227,8 +245,8 @@ mod tests {
 
     /// Two syncs copying the snapshot at revision 100.
     async fn two_copying(reads: &Arc<OriginReads>) -> (Copying, Copying) {
-        let (_, a) = reads.pin(7, false, || async { Ok(pinned(7, 100)) }).await.unwrap();
-        let (_, b) = reads.pin(7, false, || async { Ok(pinned(7, 101)) }).await.unwrap();
+        let (_, a) = reads.pin(7, ANY, || async { Ok(pinned(7, 100)) }).await.unwrap();
+        let (_, b) = reads.pin(7, ANY, || async { Ok(pinned(7, 101)) }).await.unwrap();
         (a, b)
     }
 
@@ -236,9 +254,21 @@ mod tests {
     fn a_snapshot_is_shared_within_the_window_and_only_with_its_own_cluster() {
         let at = Instant::now();
         let p = pinned(7, 100);
-        assert!(shares_snapshot(&p, at, 7, at + Duration::from_secs(9)));
-        assert!(!shares_snapshot(&p, at, 7, at + SHARE_WINDOW), "too old: the next sync pins its own");
-        assert!(!shares_snapshot(&p, at, 8, at), "another cluster (the origin replaced)");
+        assert!(shares_snapshot(&p, at, 7, at + Duration::from_secs(9), ANY));
+        assert!(!shares_snapshot(&p, at, 7, at + SHARE_WINDOW, ANY), "too old: the next sync pins its own");
+        assert!(!shares_snapshot(&p, at, 8, at, ANY), "another cluster (the origin replaced)");
+        assert!(!shares_snapshot(&p, at, 7, at, Reuse::Never), "the origin restored");
+    }
+
+    #[test]
+    fn a_sync_never_copies_a_snapshot_older_than_what_its_worker_already_sent() {
+        let at = Instant::now();
+        let p = pinned(7, 100);
+        assert!(shares_snapshot(&p, at, 7, at, Reuse::NoOlderThan(100)), "the peer holds exactly the snapshot");
+        assert!(
+            !shares_snapshot(&p, at, 7, at, Reuse::NoOlderThan(101)),
+            "a resync after the watch sent revision 101 would take the peer back to 100"
+        );
     }
 
     #[tokio::test]
@@ -252,12 +282,12 @@ mod tests {
                 Ok(pinned(7, revision))
             }
         };
-        let (a, b) = tokio::join!(reads.pin(7, false, pin(100)), reads.pin(7, false, pin(101)));
+        let (a, b) = tokio::join!(reads.pin(7, ANY, pin(100)), reads.pin(7, ANY, pin(101)));
         assert_eq!((a.unwrap().0.revision, b.unwrap().0.revision), (100, 100));
         assert_eq!(pins.load(Ordering::SeqCst), 1, "one count of the subtree");
-        let (other, _) = reads.pin(8, false, || async { Ok(pinned(8, 5)) }).await.unwrap();
+        let (other, _) = reads.pin(8, ANY, || async { Ok(pinned(8, 5)) }).await.unwrap();
         assert_eq!(other, pinned(8, 5));
-        let (restored, _) = reads.pin(8, true, || async { Ok(pinned(8, 2)) }).await.unwrap();
+        let (restored, _) = reads.pin(8, Reuse::Never, || async { Ok(pinned(8, 2)) }).await.unwrap();
         assert_eq!(restored.revision, 2, "a sync because the origin was restored pins its own");
     }
 
@@ -287,11 +317,11 @@ mod tests {
     #[tokio::test]
     async fn pages_are_kept_only_while_another_sync_copies_the_snapshot_and_let_go_after_the_last() {
         let reads = Arc::new(OriginReads::default());
-        let (_, alone) = reads.pin(7, false, || async { Ok(pinned(7, 100)) }).await.unwrap();
+        let (_, alone) = reads.pin(7, ANY, || async { Ok(pinned(7, 100)) }).await.unwrap();
         let (_, read_here) = reads.page(100, key("a"), || async { Ok(page_of(10)) }).await.unwrap();
         assert!(read_here);
         assert_eq!(reads.kept_bytes(), 0, "one sync alone keeps nothing");
-        let (_, joined) = reads.pin(7, false, || async { Ok(pinned(7, 101)) }).await.unwrap();
+        let (_, joined) = reads.pin(7, ANY, || async { Ok(pinned(7, 101)) }).await.unwrap();
         let (_, read_here) = reads.page(100, key("a"), || async { Ok(page_of(10)) }).await.unwrap();
         assert!(read_here, "a page read before the second sync joined was not kept: it reads it");
         reads.page(100, key("b"), || async { Ok(page_of(10)) }).await.unwrap();

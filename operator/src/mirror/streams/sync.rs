@@ -10,12 +10,13 @@ use crate::keys;
 use crate::mirror::context::{State, Worker};
 use crate::mirror::health::{MirrorEvent, Phase, ResyncCause};
 use crate::mirror::leases::shards::{Layout, needs_reshard, shard_count};
-use crate::mirror::origin_reads::{Copying, PageKey, Pinned, SharedPage};
+use crate::mirror::origin_reads::{Copying, PageKey, Pinned, Reuse, SharedPage};
 use crate::mirror::plan::{
     Kv, MAX_SYNC_INFLIGHT_BYTES, MirrorOp, Oversized, SYNC_GROUP_BYTES, SyncBatcher, SyncReads, distance,
     enforce_request_limit, group_by_shard, merge_step, next_page_limit, spread_connections, sync_page_size,
     sync_window,
 };
+use crate::mirror::records::checkpoint::SENT_UNKNOWN;
 use crate::mirror::streams::apply::Applied;
 use crate::mirror::streams::pace::SyncPace;
 use crate::mirror::streams::spread::Spread;
@@ -37,6 +38,19 @@ const GRANTS_IN_FLIGHT: usize = 256;
 /// Room kept in every request for the bookkeeping puts and framing.
 pub(in crate::mirror) const RESERVED_REQUEST_BYTES: usize = 64 * 1024;
 
+/// What of a snapshot another sync of the region pinned moments ago this one may copy (pure):
+/// nothing after the origin was restored or replaced; otherwise one no older than anything the
+/// worker may have sent its peer (what it applied, what its watch saw, what a predecessor's last
+/// Txns may have landed). A resync the watch asks for (a reshard, a lost lease) comes after the
+/// watch sent newer revisions than the snapshot the last sync copied.
+pub fn reuse(cause: ResyncCause, applied: i64, seen: i64, may_hold_through: Option<i64>) -> Reuse {
+    if cause == ResyncCause::OriginChanged {
+        return Reuse::Never;
+    }
+    let predecessor = may_hold_through.filter(|through| *through != SENT_UNKNOWN).unwrap_or(0);
+    Reuse::NoOlderThan(applied.max(seen).max(predecessor))
+}
+
 impl Worker {
     /// The full sync. Returns who fenced us, if someone did.
     pub(in crate::mirror) async fn sync(
@@ -55,7 +69,9 @@ impl Worker {
         });
         state.synced = false;
         let epoch = state.ownership.epoch.ok_or_else(|| anyhow!("sync without ownership"))?;
-        let snapshot = self.snapshot_head(local, epoch, cause, origin_cluster_id).await?;
+        let seen = self.shared.health.borrow().last_seen_revision;
+        let reuse = reuse(cause, state.applied, seen, state.peer_may_hold_through);
+        let snapshot = self.snapshot_head(local, epoch, cause, reuse, origin_cluster_id).await?;
         plan_layout(state, snapshot.total);
         let (mut copy, reads) = match self.start_copy(local, peer, spread, state, &snapshot).await? {
             Started::Copying(copy, reads) => (copy, reads),
@@ -74,13 +90,14 @@ impl Worker {
         local: &Client,
         epoch: i64,
         cause: ResyncCause,
+        reuse: Reuse,
         cluster_id: u64,
     ) -> anyhow::Result<Snapshot> {
         let prefix = keys::region_prefix(&self.config.origin);
         let (pinned, copying) = self
             .config
             .origin_reads
-            .pin(cluster_id, cause == ResyncCause::OriginChanged, || async {
+            .pin(cluster_id, reuse, || async {
                 let count = GetOptions::new().with_prefix().with_count_only();
                 let head = self.rpc("count origin keys", kv(local).get(prefix.as_str(), Some(count))).await?;
                 let revision =
@@ -848,4 +865,21 @@ async fn fastest_round_trip(client: &Client, timeout: std::time::Duration) -> Op
         }
     });
     futures::future::join_all(calls).await.into_iter().flatten().min()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sync_may_copy_only_a_snapshot_as_new_as_anything_its_worker_may_have_sent() {
+        // A reshard after the watch saw 140 and applied 130: nothing older than 140.
+        assert_eq!(reuse(ResyncCause::Reshard, 130, 140, None), Reuse::NoOlderThan(140));
+        // A new session resuming a predecessor whose last Txns may have landed through 150.
+        assert_eq!(reuse(ResyncCause::LeaseLost, 0, 0, Some(150)), Reuse::NoOlderThan(150));
+        // Nobody knows what the predecessor sent: that bound is no bound.
+        assert_eq!(reuse(ResyncCause::Initial, 0, 0, Some(SENT_UNKNOWN)), Reuse::NoOlderThan(0));
+        // The origin restored: never an earlier snapshot.
+        assert_eq!(reuse(ResyncCause::OriginChanged, 130, 140, None), Reuse::Never);
+    }
 }
