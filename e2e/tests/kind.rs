@@ -25,6 +25,11 @@ use aether_e2e::scenarios::{LossBounds, data_path, region_loss, region_recovery}
 use aether_e2e::substrate::{Faults, KindFederation, LeaderLoss, subtree};
 use std::time::Duration;
 
+/// A variable hack/kind/e2e.sh sets for the step.
+fn required(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: hack/kind/e2e.sh sets it"))
+}
+
 fn number(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
 }
@@ -245,10 +250,8 @@ async fn metrics_scrape() {
 #[ignore = "needs the kind clusters hack/kind/e2e.sh makes"]
 async fn helm_upgrade_and_rollback() {
     let kind = KindFederation::from_env().unwrap();
-    let var =
-        |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: hack/kind/e2e.sh sets it"));
-    let (chart, new_image) = (var("AETHER_E2E_UPGRADE_CHART"), var("AETHER_E2E_UPGRADE_IMAGE"));
-    let flags: Vec<String> = var("AETHER_E2E_UPGRADE_FLAGS").split_whitespace().map(String::from).collect();
+    let (chart, new_image) = (required("AETHER_E2E_UPGRADE_CHART"), required("AETHER_E2E_UPGRADE_IMAGE"));
+    let flags: Vec<String> = required("AETHER_E2E_UPGRADE_FLAGS").split_whitespace().map(String::from).collect();
     let bounds = RollBounds {
         rate: number("AETHER_E2E_LOAD_RATE", 100) as u32,
         batch: number("AETHER_E2E_LOAD_BATCH", 10) as u32,
@@ -296,9 +299,7 @@ async fn helm_upgrade_and_rollback() {
 #[ignore = "needs the kind clusters hack/kind/e2e.sh makes"]
 async fn third_region_joins() {
     let kind = KindFederation::from_env().unwrap();
-    let var =
-        |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set: hack/kind/e2e.sh sets it"));
-    let (watching, joined) = (var("AETHER_E2E_WATCHING_FILE"), var("AETHER_E2E_JOINED_FILE"));
+    let (watching, joined) = (required("AETHER_E2E_WATCHING_FILE"), required("AETHER_E2E_JOINED_FILE"));
     let join_timeout = Duration::from_secs(number("AETHER_E2E_JOIN_TIMEOUT", 900));
     let bounds = JoinBounds {
         ready: Duration::from_secs(number("AETHER_E2E_READY_TIMEOUT", 300)),
