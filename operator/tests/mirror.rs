@@ -858,20 +858,42 @@ async fn the_inbound_view_reads_the_recorded_count_which_follows_writes_deletes_
 /// the origin's, and each page of the origin was read by one of the two only.
 #[tokio::test]
 async fn syncs_into_two_peers_at_once_read_each_page_of_the_origin_once_and_both_copies_are_whole() {
+    two_peers_read_each_page_of_the_origin_once(None).await;
+}
+
+/// Production's peers are at different distances: the worker of the far one (150 ms) owns its
+/// peer and pins its snapshot several round trips after the near one's sync has read its pages,
+/// or even ended. It is still given those pages rather than reading them again.
+#[tokio::test]
+async fn a_peer_farther_away_is_given_the_pages_the_near_peers_sync_read_before_it_started() {
+    two_peers_read_each_page_of_the_origin_once(Some(Duration::from_millis(150))).await;
+}
+
+/// Syncs 3,000 keys (and 400 written meanwhile) into peers b and c, c `c_rtt` away, and checks
+/// that both copies are whole and that each page of the origin was read once.
+async fn two_peers_read_each_page_of_the_origin_once(c_rtt: Option<Duration>) {
     let (origin, b, c) =
         tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("b"), EtcdServer::start("c")).expect("etcd starts");
+    let far = match c_rtt {
+        Some(rtt) => {
+            let proxy = FaultProxy::start(c.client_addr()).await.expect("proxy starts");
+            proxy.set_rtt(rtt);
+            Some(proxy)
+        }
+        None => None,
+    };
     let mut o = client(&origin).await;
     write_keys(&mut o, "a", 0..3000, "v1").await;
     let reads = std::sync::Arc::new(mirror::OriginReads::default());
-    let spawn = |peer: &str, etcd: &EtcdServer| {
+    let spawn = |peer: &str, target: EtcdTarget| {
         let mut cfg = config(&format!("w-{peer}"));
         cfg.peer = peer.to_string();
         cfg.origin_reads = reads.clone();
         let (tx, rx) = mpsc::channel(1024);
-        let plain = |e: &EtcdServer| EtcdTarget::plain([e.endpoint()]);
-        (mirror::spawn(cfg, plain(&origin), plain(etcd), tx), rx)
+        (mirror::spawn(cfg, EtcdTarget::plain([origin.endpoint()]), target, tx), rx)
     };
-    let ((to_b, _eb), (to_c, _ec)) = (spawn("b", &b), spawn("c", &c));
+    let c_target = far.as_ref().map_or_else(|| EtcdTarget::plain([c.endpoint()]), support::mirror::through);
+    let ((to_b, _eb), (to_c, _ec)) = (spawn("b", EtcdTarget::plain([b.endpoint()])), spawn("c", c_target));
     write_keys(&mut o, "a", 2900..3300, "v2").await; // while the syncs run
     wait_synced(&to_b).await;
     wait_synced(&to_c).await;

@@ -10,8 +10,11 @@
 //! to need a page reads it, the others that need it meanwhile wait for that read rather than make
 //! their own, and later ones take it from what is kept.
 //!
-//! Pages are kept only while another sync copies the same snapshot, and are let go when the last
-//! one ends; what is kept is bounded ([`KEPT_BYTES`]), the oldest pages going first. A sync
+//! Pages are kept while another sync copies the same snapshot or may still start to (within the
+//! window: the worker of a peer 150 ms away owns its peer and pins several round trips after the
+//! near peer's sync read its first pages, or even ended), and are let go when the last sync ends
+//! and the window has passed; what is kept is bounded ([`KEPT_BYTES`]), the oldest pages going
+//! first. A sync
 //! whose peer is slower falls so far behind that the pages it needs are gone, and reads them
 //! itself: nobody waits on a slower peer, and each worker's health counts the pages it read and
 //! those it was given. A snapshot older than the window, or of another cluster (the origin
@@ -176,8 +179,14 @@ impl OriginReads {
     /// [`KEPT_BYTES`].
     fn keep(&self, revision: i64, key: PageKey, bytes: usize) {
         let mut inner = self.lock();
-        if inner.snapshot.is_none_or(|(pinned, _)| pinned.revision != revision) || inner.copiers < 2 {
-            inner.pages.remove(&key); // nobody else needs it (or a new snapshot cleared it)
+        let wanted = match inner.snapshot {
+            Some((pinned, at)) if pinned.revision == revision => {
+                inner.copiers >= 2 || Instant::now().saturating_duration_since(at) < SHARE_WINDOW
+            }
+            _ => false, // a new snapshot cleared it
+        };
+        if !wanted {
+            inner.pages.remove(&key); // nobody else needs it, nor can any sync start to
             return;
         }
         inner.kept.push_back((key, bytes));
@@ -189,15 +198,30 @@ impl OriginReads {
         }
     }
 
-    /// A sync of the snapshot at `revision` ended.
-    fn copied(&self, revision: i64) {
+    /// A sync of the snapshot at `revision` ended. The last one lets the pages go: at once when
+    /// the window has passed, else when it does (a sync may still start and be given them).
+    fn copied(self: &Arc<Self>, revision: i64) {
         let mut inner = self.lock();
-        if inner.snapshot.is_some_and(|(pinned, _)| pinned.revision == revision) {
-            inner.copiers = inner.copiers.saturating_sub(1);
-            if inner.copiers == 0 {
-                inner.let_go();
-            }
+        let Some((pinned, at)) = inner.snapshot.filter(|(pinned, _)| pinned.revision == revision) else { return };
+        inner.copiers = inner.copiers.saturating_sub(1);
+        if inner.copiers > 0 {
+            return;
         }
+        let window_ends = at + SHARE_WINDOW;
+        let runtime = match tokio::runtime::Handle::try_current() {
+            Ok(runtime) if Instant::now() < window_ends => runtime,
+            _ => return inner.let_go(),
+        };
+        drop(inner);
+        let reads = Arc::downgrade(self);
+        runtime.spawn(async move {
+            tokio::time::sleep_until(window_ends.into()).await;
+            let Some(reads) = reads.upgrade() else { return };
+            let mut inner = reads.lock();
+            if inner.copiers == 0 && inner.snapshot == Some((pinned, at)) {
+                inner.let_go(); // unless a sync shared it since, or another was pinned
+            }
+        });
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -210,7 +234,8 @@ impl OriginReads {
     }
 }
 
-/// A sync copying a pinned snapshot; the pages it shares are let go when the last one ends.
+/// A sync copying a pinned snapshot; the pages it shares are let go when the last one ends and
+/// the window has passed.
 #[derive(Debug)]
 pub struct Copying {
     reads: Arc<OriginReads>,
@@ -315,21 +340,54 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn pages_are_kept_only_while_another_sync_copies_the_snapshot_and_let_go_after_the_last() {
+    async fn pages_read_within_the_window_are_kept_for_a_sync_that_starts_later_even_after_the_first_ended() {
         let reads = Arc::new(OriginReads::default());
-        let (_, alone) = reads.pin(7, ANY, || async { Ok(pinned(7, 100)) }).await.unwrap();
+        let (_, near) = reads.pin(7, ANY, || async { Ok(pinned(7, 100)) }).await.unwrap();
         let (_, read_here) = reads.page(100, key("a"), || async { Ok(page_of(10)) }).await.unwrap();
         assert!(read_here);
-        assert_eq!(reads.kept_bytes(), 0, "one sync alone keeps nothing");
-        let (_, joined) = reads.pin(7, ANY, || async { Ok(pinned(7, 101)) }).await.unwrap();
+        assert_eq!(reads.kept_bytes(), 10, "kept for a worker whose peer is farther and pins later");
+        drop(near);
+        assert_eq!(reads.kept_bytes(), 10, "the first sync ended, the window has not");
+        let (_, far) = reads.pin(7, ANY, || async { Ok(pinned(7, 101)) }).await.unwrap();
         let (_, read_here) = reads.page(100, key("a"), || async { Ok(page_of(10)) }).await.unwrap();
-        assert!(read_here, "a page read before the second sync joined was not kept: it reads it");
+        assert!(!read_here, "the sync that started later is given the page the first one read");
+        drop(far);
+    }
+
+    #[tokio::test]
+    async fn pages_are_let_go_when_the_window_has_passed_and_no_sync_copies() {
+        let reads = Arc::new(OriginReads::default());
+        let (_, first) = reads.pin(7, ANY, || async { Ok(pinned(7, 100)) }).await.unwrap();
+        reads.page(100, key("a"), || async { Ok(page_of(10)) }).await.unwrap();
+        // As if pinned almost a window ago: the window ends in 100 ms.
+        reads.lock().snapshot.as_mut().unwrap().1 -= SHARE_WINDOW - Duration::from_millis(100);
+        drop(first);
+        assert_eq!(reads.kept_bytes(), 10, "kept until the window ends");
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while reads.kept_bytes() > 0 {
+            assert!(Instant::now() < deadline, "pages still kept 5 s after the window ended");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // Past the window, a sync alone keeps nothing it reads.
+        let (_, late) = reads.pin(7, ANY, || async { Ok(pinned(7, 100)) }).await.unwrap();
+        reads.lock().snapshot.as_mut().unwrap().1 -= SHARE_WINDOW;
+        reads.page(100, key("b"), || async { Ok(page_of(10)) }).await.unwrap();
+        assert_eq!(reads.kept_bytes(), 0);
+        drop(late);
+    }
+
+    #[tokio::test]
+    async fn pages_kept_while_another_sync_copies_are_let_go_after_the_last_past_the_window() {
+        let reads = Arc::new(OriginReads::default());
+        let (a, b) = two_copying(&reads).await;
+        reads.page(100, key("a"), || async { Ok(page_of(10)) }).await.unwrap();
         reads.page(100, key("b"), || async { Ok(page_of(10)) }).await.unwrap();
         assert_eq!(reads.kept_bytes(), 20);
-        drop(alone);
+        drop(a);
         assert_eq!(reads.kept_bytes(), 20, "one sync still copies");
-        drop(joined);
-        assert_eq!(reads.kept_bytes(), 0, "the last sync ended: everything let go");
+        reads.lock().snapshot.as_mut().unwrap().1 -= SHARE_WINDOW; // as if pinned a window ago
+        drop(b);
+        assert_eq!(reads.kept_bytes(), 0, "the last sync ended after the window: everything let go");
     }
 
     #[tokio::test]
