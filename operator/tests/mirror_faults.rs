@@ -300,7 +300,7 @@ async fn a_least_privilege_user_over_mtls_mirrors_into_a_three_member_peer() {
     let (deadline, mut answers) = (Instant::now() + DEADLINE, Vec::new());
     loop {
         let refused = confined.put(endpoint_key("b", 1), "x", None).await;
-        let refused = refused.err().expect("a put outside the user's range was accepted").to_string();
+        let refused = refused.expect_err("a put outside the user's range was accepted").to_string();
         if refused.contains("permission denied") {
             break;
         }
