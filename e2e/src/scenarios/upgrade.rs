@@ -29,6 +29,10 @@ pub struct RollBounds {
     pub timeout: Duration,
 }
 
+/// Full syncs allowed while the writer's first keys settle, before a roll: the pool's keys grow a
+/// small subtree a few doublings, and each may lay the leases out anew once.
+const SETTLE_RESYNCS_MAX: i64 = 8;
+
 /// What a roll took.
 #[derive(Debug)]
 pub struct Roll {
@@ -148,6 +152,7 @@ pub async fn roll_under_load(
     // Settled: the peer's copy equal to the origin's, Ready, and no new full sync for 10 s (the
     // writer's first pass creates keys, which may lay the leases out anew before the baseline).
     let settle = Instant::now();
+    let resyncs_at_start = event_count(&kube, origin, "ResyncStarted").await?;
     let (mut stable_since, mut last_resyncs) = (Instant::now(), -1);
     loop {
         let resyncs = event_count(&kube, origin, "ResyncStarted").await?;
@@ -172,7 +177,18 @@ pub async fn roll_under_load(
         anyhow::ensure!(writer.tally().failed == 0, "{label}: the writer failed: {}", writer.tally().last_error);
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    println!("{label}: settled under load after {:.0} s", settle.elapsed().as_secs_f64());
+    // The writer's new keys may lay the leases out anew a few times (a reshard per doubling);
+    // dozens are a loop (a resync copying a snapshot older than the copy took it back, and the
+    // watch's next batch asked for another: 93 in 33 s before the fix).
+    let settle_resyncs = last_resyncs - resyncs_at_start;
+    anyhow::ensure!(
+        settle_resyncs <= SETTLE_RESYNCS_MAX,
+        "{label}: {settle_resyncs} full syncs while the writer's first keys settled (at most {SETTLE_RESYNCS_MAX}): a resync loop"
+    );
+    println!(
+        "{label}: settled under load after {:.0} s, {settle_resyncs} full syncs meanwhile",
+        settle.elapsed().as_secs_f64()
+    );
 
     let status = peering(kind, origin).await?;
     let resyncs_of = |rp: &aether_operator::api::RegionPeering| {

@@ -799,10 +799,7 @@ fn start_worker(
     let events = tokio::spawn(async move {
         while let Some(event) = rx.recv().await {
             let (type_, reason, note) = describe(&event, &region, &peer_name);
-            // The recorder folds events by type, reason and action (not the note) into one
-            // series: the action names the peer, or a second peer's event would vanish into the
-            // first's.
-            let action = format!("Mirror:{peer_name}");
+            let action = event_action(&event, &peer_name);
             let event = KubeEvent { type_, reason: reason.into(), note: Some(note), action, secondary: None };
             if let Err(error) = ctx2.recorder.publish(&event, &reference).await {
                 warn!(%error, "could not publish an event");
@@ -814,6 +811,17 @@ fn start_worker(
         peer.to_string(),
         Running { fingerprint, applied, local: local_access, peer: peer_access, handle, events },
     );
+}
+
+/// The action of a mirror event's Kubernetes Event. The recorder folds events by type, reason and
+/// action (not the note) into one series, whose note stays the first's: the action names the peer,
+/// or a second peer's events would vanish into the first's, and a full sync's cause, or a run of
+/// reshards would read as the lost lease that started the series.
+pub fn event_action(event: &MirrorEvent, peer: &str) -> String {
+    match event {
+        MirrorEvent::ResyncStarted { cause } => format!("Mirror:{peer}:{}", cause.label()),
+        _ => format!("Mirror:{peer}"),
+    }
 }
 
 /// A mirror event as a Kubernetes Event: type, reason and a note naming region and peer.
@@ -977,6 +985,24 @@ async fn sweep_deleted(ctx: &Arc<Context>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_peer_and_each_cause_of_a_full_sync_is_a_series_of_events_of_its_own() {
+        use mirror::ResyncCause;
+        let resync = |cause| MirrorEvent::ResyncStarted { cause };
+        let (lost, reshard) = (resync(ResyncCause::LeaseLost), resync(ResyncCause::Reshard));
+        assert_eq!(
+            event_action(&lost, "b"),
+            event_action(&resync(ResyncCause::LeaseLost), "b"),
+            "the same cause folds"
+        );
+        assert_ne!(event_action(&lost, "b"), event_action(&reshard, "b"), "reshards after a lost lease stay visible");
+        assert_ne!(event_action(&lost, "b"), event_action(&lost, "c"), "another peer's");
+        let synced = MirrorEvent::Synced { revision: 7, keys: 3 };
+        assert_eq!(event_action(&synced, "b"), "Mirror:b");
+        // events.k8s.io caps the action at 128 characters; a region name is at most 63.
+        assert!(event_action(&lost, &"r".repeat(63)).len() <= 128);
+    }
 
     fn spec(sync: serde_json::Value) -> RegionPeeringSpec {
         serde_json::from_value(serde_json::json!({
