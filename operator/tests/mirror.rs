@@ -914,3 +914,89 @@ async fn two_peers_read_each_page_of_the_origin_once(c_rtt: Option<Duration>) {
         hc.origin_pages_shared
     );
 }
+
+/// An operator Pod taking a peer's mirror over from the Pod that led before, while that one's sync
+/// was copying: what the cut-short sync put on the peer is newer than a snapshot the new Pod's
+/// worker for another peer pinned moments before. Copied from that shared snapshot, the new sync's
+/// merge deleted on the peer keys the origin never deleted (its watch put them back later): a
+/// consumer of the peer saw them go. It pins its own snapshot instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sync_taking_over_from_another_pods_cut_short_sync_never_deletes_what_that_one_copied() {
+    let (origin, p, q) =
+        tokio::try_join!(EtcdServer::start("a"), EtcdServer::start("p"), EtcdServer::start("q")).expect("etcd starts");
+    let mut o = client(&origin).await;
+    write_keys(&mut o, "a", 0..6000, "v1").await;
+    let spawn = |owner: &str, peer: &str, reads: Option<std::sync::Arc<mirror::OriginReads>>, target: EtcdTarget| {
+        let mut cfg = config(owner);
+        cfg.peer = peer.to_string();
+        cfg.lease_ttl_seconds = 10;
+        cfg.keepalive_interval = Duration::from_secs(2);
+        if let Some(reads) = reads {
+            cfg.origin_reads = reads;
+        }
+        let (tx, rx) = mpsc::channel(1024);
+        (mirror::spawn(cfg, EtcdTarget::plain([origin.endpoint()]), target, tx), rx)
+    };
+    // The new Pod's reads, shared by its workers: its worker for q pins the snapshot first.
+    let reads = std::sync::Arc::new(mirror::OriginReads::default());
+    let (to_q, _eq) = spawn("new-pod", "q", Some(reads.clone()), EtcdTarget::plain([q.endpoint()]));
+    let pinned_at = Instant::now();
+    wait_until("the new Pod's sync into q reads its first page", DEADLINE, || async {
+        Ok(to_q.health().origin_pages_read > 0)
+    })
+    .await
+    .expect("q's sync starts");
+    // Keys created after that snapshot, first in the subtree's order.
+    let new_key = |i: usize| format!("{}clusters/a/services/new/endpoints/{i:03}", keys::region_prefix("a"));
+    for i in 0..50 {
+        o.put(new_key(i), "v", None).await.expect("origin put");
+    }
+    // The Pod that led before, still copying into p (150 ms away): the new keys are on p before
+    // its copy is done, then p stops answering it.
+    let proxy = FaultProxy::start(p.client_addr()).await.expect("proxy starts");
+    proxy.set_rtt(Duration::from_millis(150));
+    let (old, _eo) = spawn("old-pod", "p", None, support::mirror::through(&proxy));
+    let mut reader = client(&p).await;
+    wait_until("the old Pod's sync put the new keys on p", DEADLINE, || {
+        let (mut reader, key) = (reader.clone(), new_key(49));
+        async move { Ok(!reader.get(key, None).await?.kvs().is_empty()) }
+    })
+    .await
+    .expect("the new keys reach p");
+    proxy.set_blackhole(true);
+    assert!(!old.health().synced, "the old Pod's sync ended before the takeover: {:?}", old.health());
+    // A consumer of p from here on; the origin deletes nothing.
+    let from = reader.get("x", None).await.expect("p's revision").header().expect("header").revision() + 1;
+    let prefix = keys::region_prefix("a");
+    let mut events = reader
+        .watch(prefix.as_str(), Some(WatchOptions::new().with_prefix().with_start_revision(from)))
+        .await
+        .expect("watch p");
+    // The new Pod takes p over; its sync starts within the window of q's snapshot.
+    let (to_p, _ep) = spawn("new-pod", "p", Some(reads.clone()), EtcdTarget::plain([p.endpoint()]));
+    wait_synced(&to_p).await;
+    println!(
+        "the takeover's sync started {:.1} s after q's snapshot was pinned (window {:?}); p's worker: {:?}",
+        pinned_at.elapsed().as_secs_f64(),
+        mirror::origin_reads::SHARE_WINDOW,
+        to_p.health()
+    );
+    support::etcd::converged(&o, &client(&p).await, "a", DEADLINE).await;
+    let mut deleted = Vec::new();
+    while let Ok(Some(resp)) = tokio::time::timeout(Duration::from_secs(1), events.message()).await.unwrap_or(Ok(None))
+    {
+        for event in resp.events() {
+            if event.event_type() == EventType::Delete
+                && let Some(kv) = event.kv()
+            {
+                deleted.push(String::from_utf8_lossy(kv.key()).into_owned());
+            }
+        }
+    }
+    assert!(
+        deleted.is_empty(),
+        "the takeover's sync deleted on p {} keys the origin still holds: {deleted:?}",
+        deleted.len()
+    );
+    drop(old);
+}

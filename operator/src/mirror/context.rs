@@ -40,6 +40,10 @@ pub(super) struct State {
     /// Resumed from the records: the newest origin revision the predecessor's last Txns may have
     /// landed, past `applied` (see `catch_up.rs`). A sync clears it.
     pub peer_may_hold_through: Option<i64>,
+    /// This session took the mirror over from another process whose sync was cut short: what that
+    /// sync copied is recorded nowhere, and may be newer than a snapshot this process pinned
+    /// before the takeover. Its sync pins its own snapshot (`sync::reuse`); a sync clears it.
+    pub predecessor_copy_unknown: bool,
     pub synced: bool,
     /// This worker completed a sync (or adopted a synced mirror) in an earlier session: a peer
     /// without its records now lost them.

@@ -13,7 +13,8 @@
 //! Pages are kept while another sync copies the same snapshot or may still start to (within the
 //! window: the worker of a peer 150 ms away owns its peer and pins several round trips after the
 //! near peer's sync read its first pages, or even ended), and are let go when the last sync ends
-//! and the window has passed; what is kept is bounded ([`KEPT_BYTES`]), the oldest pages going
+//! and the window has passed, or when the window has passed with one sync alone on the snapshot
+//! (it read them itself); what is kept is bounded ([`KEPT_BYTES`]), the oldest pages going
 //! first. A sync
 //! whose peer is slower falls so far behind that the pages it needs are gone, and reads them
 //! itself: nobody waits on a slower peer, and each worker's health counts the pages it read and
@@ -21,7 +22,9 @@
 //! replaced, or the object now naming another etcd), is never shared, nor with a sync because the
 //! origin was restored, nor with a worker that already sent its peer a newer revision (a resync the
 //! watch asked for: copied from the older snapshot, the merge would take the peer back, delete
-//! what was created since, and the watch put it back): those pin their own.
+//! what was created since, and the watch put it back), nor with one that took its peer's mirror
+//! over from another Pod whose sync was cut short (what that sync copied is recorded nowhere):
+//! those pin their own.
 use crate::mirror::plan::Kv;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -72,8 +75,13 @@ pub struct OriginReads {
 #[derive(Debug, Default)]
 struct Inner {
     snapshot: Option<(Pinned, Instant)>,
+    /// Counts the snapshots pinned: a sync's end or a window's end is of one of them.
+    generation: u64,
     /// Syncs copying the snapshot now.
     copiers: usize,
+    /// Syncs that copied it at all: a sync alone on its snapshot past the window needs none of
+    /// the pages it read itself, and they go.
+    sharers: usize,
     pages: HashMap<PageKey, Slot>,
     /// Pages kept, oldest first, with their bytes.
     kept: VecDeque<(PageKey, usize)>,
@@ -122,25 +130,51 @@ impl OriginReads {
         Fut: std::future::Future<Output = anyhow::Result<Pinned>>,
     {
         let _pinning = self.pinning.lock().await;
-        let pinned = match self.shared(cluster_id, Instant::now(), reuse) {
+        let (pinned, generation) = match self.join(cluster_id, Instant::now(), reuse) {
             Some(shared) => shared,
             None => {
                 let pinned = pin().await?;
+                let at = Instant::now();
                 let mut inner = self.lock();
                 inner.let_go();
-                inner.snapshot = Some((pinned, Instant::now()));
-                inner.copiers = 0;
-                pinned
+                inner.snapshot = Some((pinned, at));
+                inner.generation += 1;
+                (inner.copiers, inner.sharers) = (1, 1);
+                let generation = inner.generation;
+                drop(inner);
+                self.let_go_at_window_end_if_alone(generation, at + SHARE_WINDOW);
+                (pinned, generation)
             }
         };
-        self.lock().copiers += 1;
-        Ok((pinned, Copying { reads: self.clone(), revision: pinned.revision }))
+        Ok((pinned, Copying { reads: self.clone(), generation }))
     }
 
-    fn shared(&self, cluster_id: u64, now: Instant, reuse: Reuse) -> Option<Pinned> {
-        let inner = self.lock();
-        let (pinned, at) = inner.snapshot.as_ref()?;
-        shares_snapshot(pinned, *at, cluster_id, now, reuse).then_some(*pinned)
+    /// The snapshot shared now, if this sync may copy it, counted as copied in the same lock
+    /// (so that nothing lets its pages go in between).
+    fn join(&self, cluster_id: u64, now: Instant, reuse: Reuse) -> Option<(Pinned, u64)> {
+        let mut inner = self.lock();
+        let (pinned, at) = inner.snapshot?;
+        if !shares_snapshot(&pinned, at, cluster_id, now, reuse) {
+            return None;
+        }
+        inner.copiers += 1;
+        inner.sharers += 1;
+        Some((pinned, inner.generation))
+    }
+
+    /// At the window's end, the pages of a snapshot only one sync copied go: no sync may start to
+    /// copy it any more, and the one that did read them itself.
+    fn let_go_at_window_end_if_alone(self: &Arc<Self>, generation: u64, window_ends: Instant) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let reads = Arc::downgrade(self);
+        runtime.spawn(async move {
+            tokio::time::sleep_until(window_ends.into()).await;
+            let Some(reads) = reads.upgrade() else { return };
+            let mut inner = reads.lock();
+            if inner.sharers == 1 && inner.generation == generation {
+                inner.let_go();
+            }
+        });
     }
 
     /// The page `key` of the snapshot at `revision`: read once by `read`, by whichever sync asks
@@ -183,7 +217,8 @@ impl OriginReads {
             Some((pinned, at)) if pinned.revision == revision => {
                 inner.copiers >= 2 || Instant::now().saturating_duration_since(at) < SHARE_WINDOW
             }
-            _ => false, // a new snapshot cleared it
+            // A new snapshot let this one's pages go; a slot of the same key is the new one's.
+            _ => return,
         };
         if !wanted {
             inner.pages.remove(&key); // nobody else needs it, nor can any sync start to
@@ -198,11 +233,12 @@ impl OriginReads {
         }
     }
 
-    /// A sync of the snapshot at `revision` ended. The last one lets the pages go: at once when
+    /// A sync of the snapshot pinned as `generation` ended. The last one lets the pages go: at once when
     /// the window has passed, else when it does (a sync may still start and be given them).
-    fn copied(self: &Arc<Self>, revision: i64) {
+    fn copied(self: &Arc<Self>, generation: u64) {
         let mut inner = self.lock();
-        let Some((pinned, at)) = inner.snapshot.filter(|(pinned, _)| pinned.revision == revision) else { return };
+        // Another snapshot since (even at the same revision, pinned again): this one's count went.
+        let Some((_, at)) = inner.snapshot.filter(|_| inner.generation == generation) else { return };
         inner.copiers = inner.copiers.saturating_sub(1);
         if inner.copiers > 0 {
             return;
@@ -218,7 +254,7 @@ impl OriginReads {
             tokio::time::sleep_until(window_ends.into()).await;
             let Some(reads) = reads.upgrade() else { return };
             let mut inner = reads.lock();
-            if inner.copiers == 0 && inner.snapshot == Some((pinned, at)) {
+            if inner.copiers == 0 && inner.generation == generation {
                 inner.let_go(); // unless a sync shared it since, or another was pinned
             }
         });
@@ -239,12 +275,12 @@ impl OriginReads {
 #[derive(Debug)]
 pub struct Copying {
     reads: Arc<OriginReads>,
-    revision: i64,
+    generation: u64,
 }
 
 impl Drop for Copying {
     fn drop(&mut self) {
-        self.reads.copied(self.revision);
+        self.reads.copied(self.generation);
     }
 }
 
@@ -374,6 +410,38 @@ mod tests {
         reads.page(100, key("b"), || async { Ok(page_of(10)) }).await.unwrap();
         assert_eq!(reads.kept_bytes(), 0);
         drop(late);
+    }
+
+    #[tokio::test]
+    async fn a_sync_alone_on_its_snapshot_keeps_nothing_past_the_window_while_it_still_copies() {
+        let reads = Arc::new(OriginReads::default());
+        let (_, long) = reads.pin(7, ANY, || async { Ok(pinned(7, 100)) }).await.unwrap();
+        reads.page(100, key("a"), || async { Ok(page_of(10)) }).await.unwrap();
+        assert_eq!(reads.kept_bytes(), 10, "kept within the window: another sync may still start");
+        // Nobody else started within the window: its pages serve nobody while it copies on.
+        let deadline = Instant::now() + SHARE_WINDOW + Duration::from_secs(5);
+        while reads.kept_bytes() > 0 {
+            assert!(Instant::now() < deadline, "a lone sync's pages still kept 5 s after the window");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        drop(long);
+    }
+
+    #[tokio::test]
+    async fn a_sync_ending_after_the_snapshot_was_pinned_again_at_the_same_revision_leaves_the_new_count_alone() {
+        let reads = Arc::new(OriginReads::default());
+        let (_, old) = reads.pin(7, ANY, || async { Ok(pinned(7, 100)) }).await.unwrap();
+        // An idle origin: the next snapshot, past the window, is at the same revision.
+        reads.lock().snapshot.as_mut().unwrap().1 -= SHARE_WINDOW;
+        let (_, a) = reads.pin(7, ANY, || async { Ok(pinned(7, 100)) }).await.unwrap();
+        let (_, b) = reads.pin(7, ANY, || async { Ok(pinned(7, 101)) }).await.unwrap();
+        reads.page(100, key("a"), || async { Ok(page_of(10)) }).await.unwrap();
+        reads.lock().snapshot.as_mut().unwrap().1 -= SHARE_WINDOW; // past this one's window too
+        drop(old);
+        drop(a);
+        let (_, read_here) = reads.page(100, key("a"), || async { Ok(page_of(10)) }).await.unwrap();
+        assert!(!read_here, "b still copies: the old sync's end was not counted as one of the new snapshot's");
+        drop(b);
     }
 
     #[tokio::test]

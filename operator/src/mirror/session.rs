@@ -12,7 +12,7 @@ use super::plan::Oversized;
 use super::records::checkpoint::{Owner, Progress, SENT_UNKNOWN};
 use super::records::resume::{
     Claimant, Contest, OriginStatus, OwnerDecision, Ownership, decide_contest, decide_ownership, decide_resume,
-    granted_under_another_ttl, local_holds_copy, onto_new_leases, peer_is_origin,
+    granted_under_another_ttl, local_holds_copy, onto_new_leases, peer_is_origin, taken_from_another,
 };
 use super::records::store::{Records, read_records};
 use super::streams::spread::Spread;
@@ -255,6 +255,8 @@ impl Worker {
         state.applied = resume.applied;
         state.synced = resume.resync.is_none();
         state.peer_may_hold_through = may_hold_through.filter(|_| state.synced);
+        state.predecessor_copy_unknown =
+            resume.resync.is_some() && taken_from_another(records.owner.as_ref(), &self.config.owner_id);
         state.synced_once |= state.synced;
         state.resync_cause = resume.resync;
         state.origin_cluster_id = origin.cluster_id;

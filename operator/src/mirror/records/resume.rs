@@ -13,6 +13,13 @@ pub struct OwnerRecord {
     pub owner: Option<Owner>,
 }
 
+/// Whether the owner record names someone other than `owner_id`: another process (an operator
+/// Pod that led before, or one still running), whose last Txns this session's takeover fenced.
+/// A record that does not decode is someone else's too. No record: nobody wrote the mirror.
+pub fn taken_from_another(record: Option<&OwnerRecord>, owner_id: &str) -> bool {
+    record.is_some_and(|r| r.owner.as_ref().is_none_or(|o| o.owner != owner_id))
+}
+
 /// What this worker knows of its own ownership.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Ownership {
@@ -334,6 +341,18 @@ pub fn onto_new_leases(mut resume: Resume) -> Resume {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_mirror_is_taken_from_another_when_its_owner_record_names_someone_else_or_cannot_be_read() {
+        let record = |owner: Option<&str>| OwnerRecord {
+            mod_revision: 9,
+            owner: owner.map(|o| Owner { owner: o.into(), ..Default::default() }),
+        };
+        assert!(!taken_from_another(None, "aether-1"), "nobody wrote the mirror yet");
+        assert!(!taken_from_another(Some(&record(Some("aether-1"))), "aether-1"), "this Pod's own, restarted");
+        assert!(taken_from_another(Some(&record(Some("aether-0"))), "aether-1"), "the Pod that led before");
+        assert!(taken_from_another(Some(&record(None)), "aether-1"), "a record that does not decode");
+    }
 
     #[test]
     fn a_resync_the_records_do_not_vouch_for_waits_before_deleting_most_of_a_live_copy() {

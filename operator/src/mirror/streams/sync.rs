@@ -39,12 +39,21 @@ const GRANTS_IN_FLIGHT: usize = 256;
 pub(in crate::mirror) const RESERVED_REQUEST_BYTES: usize = 64 * 1024;
 
 /// What of a snapshot another sync of the region pinned moments ago this one may copy (pure):
-/// nothing after the origin was restored or replaced; otherwise one no older than anything the
-/// worker may have sent its peer (what it applied, what its watch saw, what a predecessor's last
-/// Txns may have landed). A resync the watch asks for (a reshard, a lost lease) comes after the
-/// watch sent newer revisions than the snapshot the last sync copied.
-pub fn reuse(cause: ResyncCause, applied: i64, seen: i64, may_hold_through: Option<i64>) -> Reuse {
-    if cause == ResyncCause::OriginChanged {
+/// nothing after the origin was restored or replaced, nor after taking the mirror over from
+/// another process whose sync was cut short (`predecessor_copy_unknown`: that sync's snapshot is
+/// recorded nowhere, and may be newer than one this process pinned before the takeover, while a
+/// snapshot pinned after it is newer than anything the fenced predecessor landed); otherwise one
+/// no older than anything the worker may have sent its peer (what it applied, what its watch saw,
+/// what a predecessor's last Txns may have landed). A resync the watch asks for (a reshard, a lost
+/// lease) comes after the watch sent newer revisions than the snapshot the last sync copied.
+pub fn reuse(
+    cause: ResyncCause,
+    applied: i64,
+    seen: i64,
+    may_hold_through: Option<i64>,
+    predecessor_copy_unknown: bool,
+) -> Reuse {
+    if cause == ResyncCause::OriginChanged || predecessor_copy_unknown {
         return Reuse::Never;
     }
     let predecessor = may_hold_through.filter(|through| *through != SENT_UNKNOWN).unwrap_or(0);
@@ -70,7 +79,7 @@ impl Worker {
         state.synced = false;
         let epoch = state.ownership.epoch.ok_or_else(|| anyhow!("sync without ownership"))?;
         let seen = self.shared.health.borrow().last_seen_revision;
-        let reuse = reuse(cause, state.applied, seen, state.peer_may_hold_through);
+        let reuse = reuse(cause, state.applied, seen, state.peer_may_hold_through, state.predecessor_copy_unknown);
         let snapshot = self.snapshot_head(local, epoch, cause, reuse, origin_cluster_id).await?;
         plan_layout(state, snapshot.total);
         let (mut copy, reads) = match self.start_copy(local, peer, spread, state, &snapshot).await? {
@@ -401,6 +410,7 @@ impl Worker {
         }
         state.applied = revision;
         state.peer_may_hold_through = None;
+        state.predecessor_copy_unknown = false;
         state.synced = true;
         state.walk = Walk { last_page_ends: copy.origin_page_ends, ..Walk::default() };
         let total_keys = state.keys.iter().sum::<i64>();
@@ -874,12 +884,23 @@ mod tests {
     #[test]
     fn a_sync_may_copy_only_a_snapshot_as_new_as_anything_its_worker_may_have_sent() {
         // A reshard after the watch saw 140 and applied 130: nothing older than 140.
-        assert_eq!(reuse(ResyncCause::Reshard, 130, 140, None), Reuse::NoOlderThan(140));
+        assert_eq!(reuse(ResyncCause::Reshard, 130, 140, None, false), Reuse::NoOlderThan(140));
         // A new session resuming a predecessor whose last Txns may have landed through 150.
-        assert_eq!(reuse(ResyncCause::LeaseLost, 0, 0, Some(150)), Reuse::NoOlderThan(150));
-        // Nobody knows what the predecessor sent: that bound is no bound.
-        assert_eq!(reuse(ResyncCause::Initial, 0, 0, Some(SENT_UNKNOWN)), Reuse::NoOlderThan(0));
+        assert_eq!(reuse(ResyncCause::LeaseLost, 0, 0, Some(150), false), Reuse::NoOlderThan(150));
+        // A new mirror: nobody sent anything, any snapshot of the window will do.
+        assert_eq!(reuse(ResyncCause::Initial, 0, 0, Some(SENT_UNKNOWN), false), Reuse::NoOlderThan(0));
         // The origin restored: never an earlier snapshot.
-        assert_eq!(reuse(ResyncCause::OriginChanged, 130, 140, None), Reuse::Never);
+        assert_eq!(reuse(ResyncCause::OriginChanged, 130, 140, None, false), Reuse::Never);
+    }
+
+    #[test]
+    fn a_sync_after_taking_over_from_another_process_mid_sync_pins_its_own_snapshot() {
+        // The operator Pod that led before was copying a snapshot recorded nowhere (its sync cut
+        // short by the takeover), perhaps newer than one this process pinned moments before it:
+        // copied from that one, the merge would delete on the peer what the predecessor had
+        // already put there. A snapshot pinned now is newer than anything the fenced one landed.
+        for cause in [ResyncCause::Initial, ResyncCause::LeaseLost, ResyncCause::Reshard] {
+            assert_eq!(reuse(cause, 0, 0, None, true), Reuse::Never, "{cause:?}");
+        }
     }
 }
