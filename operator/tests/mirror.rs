@@ -129,6 +129,10 @@ async fn sync_spans_pages_and_source_revisions_arrive_whole() {
     let mut cfg = config("w1");
     cfg.page_size = 300;
     cfg.max_keys_per_lease = 1000;
+    // The peer is paused below for as long as 200 origin Txns take: 4 s in a crowded run, when the
+    // leases (at the suite's 4 s TTL) lapsed on it and the resync rewrote every key page by page.
+    // At the CRD's TTL the pause is far inside it, and the copy's atomicity is what is measured.
+    cfg.lease_ttl_seconds = 30;
     let (handle, _events) = start(cfg, &pair);
     wait_synced(&handle).await;
     converged(&pair).await;
@@ -188,6 +192,7 @@ async fn sync_spans_pages_and_source_revisions_arrive_whole() {
         }
     }
     assert!(!txn_revisions.is_empty());
+    assert_eq!(handle.health().resyncs, 0, "no full sync rewrote the copy meanwhile: {:?}", handle.health());
     for (tag, revisions) in &txn_revisions {
         assert_eq!(revisions.len(), 1, "origin txn {tag} was split across peer revisions {revisions:?}");
     }
