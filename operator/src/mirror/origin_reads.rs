@@ -165,13 +165,26 @@ impl OriginReads {
     /// At the window's end, the pages of a snapshot only one sync copied go: no sync may start to
     /// copy it any more, and the one that did read them itself.
     fn let_go_at_window_end_if_alone(self: &Arc<Self>, generation: u64, window_ends: Instant) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            self.let_go_at(&runtime, generation, window_ends, |inner| inner.sharers == 1);
+        }
+    }
+
+    /// Lets the pages of the snapshot pinned as `generation` go at `when`, if it is still the
+    /// shared one and `still` holds then (a task holding no reference that keeps them).
+    fn let_go_at(
+        self: &Arc<Self>,
+        runtime: &tokio::runtime::Handle,
+        generation: u64,
+        when: Instant,
+        still: fn(&Inner) -> bool,
+    ) {
         let reads = Arc::downgrade(self);
         runtime.spawn(async move {
-            tokio::time::sleep_until(window_ends.into()).await;
+            tokio::time::sleep_until(when.into()).await;
             let Some(reads) = reads.upgrade() else { return };
             let mut inner = reads.lock();
-            if inner.sharers == 1 && inner.generation == generation {
+            if inner.generation == generation && still(&inner) {
                 inner.let_go();
             }
         });
@@ -249,15 +262,8 @@ impl OriginReads {
             _ => return inner.let_go(),
         };
         drop(inner);
-        let reads = Arc::downgrade(self);
-        runtime.spawn(async move {
-            tokio::time::sleep_until(window_ends.into()).await;
-            let Some(reads) = reads.upgrade() else { return };
-            let mut inner = reads.lock();
-            if inner.copiers == 0 && inner.generation == generation {
-                inner.let_go(); // unless a sync shared it since, or another was pinned
-            }
-        });
+        // Unless a sync shared it since, or another was pinned.
+        self.let_go_at(&runtime, generation, window_ends, |inner| inner.copiers == 0);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
