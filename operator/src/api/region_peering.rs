@@ -394,6 +394,10 @@ pub struct ReplicationStatus {
     pub keys: i64,
     /// Full resyncs since the worker started (compaction, lost lease).
     pub resyncs: i64,
+    /// The same resyncs by cause (`compacted`, `lease_lost`, `reshard`, `origin_changed`,
+    /// `records_lost`, `lease_ttl_changed`, `initial`): what to look into when `resyncs` grows.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub resyncs_by_cause: std::collections::BTreeMap<String, i64>,
     /// Whether the initial sync has completed and the canary is written.
     pub synced: bool,
     /// Keys that continuous verification found different on the peer and repaired.

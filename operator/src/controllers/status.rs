@@ -466,6 +466,7 @@ fn peer_status(h: &PeerHealth, configuration: Option<u64>, now: SystemTime) -> P
             last_applied_revision: h.last_applied_revision,
             keys: h.keys,
             resyncs: h.resyncs as i64,
+            resyncs_by_cause: h.resyncs_by_cause.iter().map(|(cause, n)| (cause.to_string(), *n as i64)).collect(),
             synced: h.synced,
             drift_repaired_keys: h.drift_repaired_keys as i64,
         },
@@ -642,6 +643,29 @@ mod tests {
         assert_eq!(status.peers_ready.as_deref(), Some("2/2"));
         assert_eq!(status.worst_lag.as_deref(), Some("0s"));
         assert_eq!(status.observed_generation, Some(3));
+    }
+
+    /// A person reading the status sees why a peer resynced, not only how often: the events fold a
+    /// series and expire, the status keeps each cause since the worker started.
+    #[test]
+    fn the_status_counts_each_peers_resyncs_by_cause() {
+        let now = SystemTime::now();
+        let spec = spec(&["b", "c"]);
+        let mut looping = healthy("b", now);
+        looping.resyncs = 3;
+        looping.resyncs_by_cause.insert("lease_lost", 2);
+        looping.resyncs_by_cause.insert("reshard", 1);
+        let status = compute(None, &observe(&spec, vec![looping, healthy("c", now)], now));
+        let replication = |peer: &str| &status.peers.iter().find(|p| p.region == peer).unwrap().replication;
+        assert_eq!(replication("b").resyncs, 3);
+        let by_cause: Vec<(&str, i64)> =
+            replication("b").resyncs_by_cause.iter().map(|(cause, n)| (cause.as_str(), *n)).collect();
+        assert_eq!(by_cause, [("lease_lost", 2), ("reshard", 1)]);
+        // A peer that never resynced shows no causes, and the field is left out of what is written.
+        assert!(replication("c").resyncs_by_cause.is_empty());
+        let written = serde_json::to_value(replication("c")).unwrap();
+        assert!(written.get("resyncsByCause").is_none(), "{written}");
+        assert_eq!(serde_json::to_value(replication("b")).unwrap()["resyncsByCause"]["lease_lost"], 2);
     }
 
     #[test]
