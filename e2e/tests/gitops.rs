@@ -1,19 +1,25 @@
-//! GitOps as users run it: real Argo CD (built here, hack/argocd/) in a region's kind cluster syncs
-//! the chart and the region's RegionPeering from a git repository served in that cluster. Each
-//! scenario asserts through Argo CD's own view (the Application's status its controller writes:
-//! sync status and revision, health, each resource's health and message) and through the etcds.
+//! GitOps as users run it: real Argo CD (built here, hack/argocd/) in each region's kind cluster
+//! syncs the chart and that region's RegionPeering from a git repository served in the cluster.
+//! Each scenario asserts through Argo CD's own view (the Application's status its controller
+//! writes: sync status and revision, health, each resource's health and message) and through the
+//! etcds.
 //!
-//! hack/kind/e2e.sh provisions it (the clusters, Argo CD, the git server, the region's base values)
-//! and runs this test, ignored otherwise. The scenarios, in order (each needs the first): first_sync,
-//! no_drift, change_committed, peer_fault, self_heal, upgrade_reverted, delete_application.
+//! hack/kind/e2e.sh provisions it (the clusters, an Argo CD and a git server in each, each
+//! region's base values) and runs this test, ignored otherwise. The first region is the one the
+//! scenarios change; the others' Argo CDs sync their regions beside it, and their Applications
+//! must stay Synced all along. The scenarios, in order (each needs the first): first_sync (every
+//! region), no_drift (every region), change_committed, peer_fault (the stopped peer's own
+//! Application back Healthy too), self_heal, upgrade_reverted, delete_application (every region).
 //! Its environment:
-//!   GITOPS_REPO, GITOPS_REPO_IN_CLUSTER   where this host pushes, where Argo CD reads
-//!   AETHER_GITOPS_REGION, AETHER_GITOPS_PEERS   the region Argo CD deploys, its peers (a,b,...)
-//!   AETHER_GITOPS_VALUES                  the region's values as the repository starts with them
-//!   AETHER_GITOPS_DRIFT_SECONDS           how long the Application must stay Synced after the first
-//!                                         sync (default 300); a drift watch asserts the same from
-//!                                         every later sync to the next change, for the whole run
-//!   AETHER_GITOPS_UPGRADE_TAG             an operator image tag loaded in the cluster, to upgrade to
+//!   AETHER_GITOPS_REGIONS                 the regions with an Argo CD (a,b,...), the changed one first
+//!   AETHER_GITOPS_DIR                     per region R: R/repo (the URL this host pushes to) and
+//!                                         R/values.yaml (its values as the repository starts with them)
+//!   GITOPS_REPO_IN_CLUSTER                where each Argo CD reads its repository
+//!   AETHER_GITOPS_DRIFT_SECONDS           how long every Application must stay Synced after the
+//!                                         first sync (default 300); a drift watch asserts the same
+//!                                         from every later sync to the next change, for the whole run
+//!   AETHER_GITOPS_UPGRADE_TAG             an operator image tag loaded in the first region's cluster,
+//!                                         to upgrade to
 //!   AETHER_E2E_SCENARIOS                  the scenarios to run, by name (all by default)
 use aether_e2e::NAMESPACE;
 use aether_e2e::load::{Writer, first_key_missing};
@@ -212,6 +218,7 @@ impl DriftWatch {
     }
 }
 
+/// One region's Argo CD: its Application, the repository it syncs from, the values in it.
 struct Gitops {
     kind: KindFederation,
     region: String,
@@ -224,10 +231,11 @@ struct Gitops {
 }
 
 impl Gitops {
-    async fn new() -> Gitops {
+    /// The region's Argo CD, as hack/kind/e2e.sh wrote it in AETHER_GITOPS_DIR; its peers are the
+    /// other `regions`.
+    async fn new(region: &str, regions: &[String]) -> Gitops {
         let kind = KindFederation::from_env().unwrap();
-        let region = env("AETHER_GITOPS_REGION");
-        let peers = env("AETHER_GITOPS_PEERS").split(',').map(String::from).collect();
+        let peers = regions.iter().filter(|r| *r != region).cloned().collect();
         let resource = ApiResource {
             group: "argoproj.io".into(),
             version: "v1alpha1".into(),
@@ -235,10 +243,15 @@ impl Gitops {
             kind: "Application".into(),
             plural: "applications".into(),
         };
-        let apps = Api::namespaced_with(kind.kube(&region).await.unwrap(), "argocd", &resource);
-        let values = serde_yaml::from_str(&std::fs::read_to_string(env("AETHER_GITOPS_VALUES")).unwrap()).unwrap();
+        let apps = Api::namespaced_with(kind.kube(region).await.unwrap(), "argocd", &resource);
+        let dir = Path::new(&env("AETHER_GITOPS_DIR")).join(region);
+        let read = |name: &str| {
+            std::fs::read_to_string(dir.join(name)).unwrap_or_else(|e| panic!("{}: {e}", dir.join(name).display()))
+        };
+        let values = serde_yaml::from_str(&read("values.yaml")).unwrap();
+        let push_to = read("repo").trim().to_string();
         let work = tempfile::Builder::new().prefix("aether-gitops-").tempdir().unwrap();
-        Gitops { kind, region, peers, apps, work, push_to: env("GITOPS_REPO"), values, drift: DriftWatch::default() }
+        Gitops { kind, region: region.into(), peers, apps, work, push_to, values, drift: DriftWatch::default() }
     }
 
     fn git(&self, args: &[&str]) -> String {
@@ -298,7 +311,8 @@ impl Gitops {
             }
             if view != last {
                 println!(
-                    "gitops: {what}: +{:.1} s: {}",
+                    "gitops: {}: {what}: +{:.1} s: {}",
+                    self.region,
                     start.elapsed().as_secs_f64(),
                     view.as_ref().map_or("no Application".into(), View::line)
                 );
@@ -309,8 +323,9 @@ impl Gitops {
             }
             anyhow::ensure!(
                 start.elapsed() < deadline,
-                "{what}: not within {} s; Argo CD shows {}",
+                "{what}: not within {} s; Argo CD in {} shows {}",
                 deadline.as_secs(),
+                self.region,
                 last.as_ref().map_or("no Application".into(), View::line)
             );
             tokio::time::sleep(Duration::from_millis(500)).await;
@@ -411,37 +426,69 @@ async fn write_endpoints(g: &Gitops, n: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn first_sync(g: &Gitops) -> anyhow::Result<()> {
-    let revision = g.commit("the chart and the region's RegionPeering");
-    write_endpoints(g, 50).await?;
-    g.apps.create(&PostParams::default(), &application(&env("GITOPS_REPO_IN_CLUSTER"))).await?;
-    let took = g.wait("first sync", SYNC, |v| v.settled_at(&revision)).await?.never_degraded("the first sync")?;
-    g.drift.settled();
-    g.copies_whole(COPY).await?;
-    println!("gitops: first sync: Synced/Healthy {took:.1} s after the Application; the copy whole on {:?}", g.peers);
+/// Every region's Argo CD syncs its region from git at once: each Application goes Synced/Healthy
+/// at its commit without showing Degraded on the way, and every region's copy is whole on every peer.
+async fn first_sync(g: &mut Gitops, others: &mut [Gitops]) -> anyhow::Result<()> {
+    let sites: Vec<&Gitops> = std::iter::once(&*g).chain(others.iter()).collect();
+    let repo = env("GITOPS_REPO_IN_CLUSTER");
+    let mut revisions = Vec::new();
+    for site in &sites {
+        revisions.push(site.commit("the chart and the region's RegionPeering"));
+        write_endpoints(site, 50).await?;
+        site.apps.create(&PostParams::default(), &application(&repo)).await?;
+    }
+    let took = futures::future::try_join_all(sites.iter().zip(&revisions).map(|(site, revision)| async move {
+        site.wait("first sync", SYNC, |v| v.settled_at(revision)).await?.never_degraded("the first sync")
+    }))
+    .await?;
+    for site in &sites {
+        site.drift.settled();
+    }
+    for (site, took) in sites.iter().zip(took) {
+        site.copies_whole(COPY).await?;
+        println!(
+            "gitops: {}: first sync: Synced/Healthy {took:.1} s after the Application; the copy whole on {:?}",
+            site.region, site.peers
+        );
+    }
     Ok(())
 }
 
-/// The Application stays Synced for AETHER_GITOPS_DRIFT_SECONDS (five minutes) after the first
-/// sync, while Argo CD compares it again and again: nothing the operator or the API server writes
+/// Every region's Application stays Synced for AETHER_GITOPS_DRIFT_SECONDS (five minutes) after
+/// the first sync, while its Argo CD compares it again and again: nothing the operator or the API server writes
 /// or defaults shows as a diff. (The drift watch asserts the same between every later sync and the
 /// next change, for the whole run.)
-async fn no_drift(g: &Gitops) -> anyhow::Result<()> {
+async fn no_drift(g: &mut Gitops, others: &mut [Gitops]) -> anyhow::Result<()> {
     let seconds: u64 = std::env::var("AETHER_GITOPS_DRIFT_SECONDS").ok().and_then(|s| s.parse().ok()).unwrap_or(300);
     let window = Duration::from_secs(seconds);
-    let compared_before = g.drift.compared();
+    let sites: Vec<&Gitops> = std::iter::once(&*g).chain(others.iter()).collect();
+    let compared_before: Vec<u64> = sites.iter().map(|site| site.drift.compared()).collect();
     loop {
-        g.drift.verdict()?;
-        let quiet = g.drift.quiet_for().ok_or_else(|| anyhow::anyhow!("no settled sync to watch"))?;
+        let mut quiet = window;
+        for site in &sites {
+            site.drift.verdict()?;
+            let since =
+                site.drift.quiet_for().ok_or_else(|| anyhow::anyhow!("{}: no settled sync to watch", site.region))?;
+            quiet = quiet.min(since);
+        }
         if quiet >= window {
             break;
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    let compared = g.drift.compared() - compared_before;
-    // A window in which Argo CD never compared proves nothing.
-    anyhow::ensure!(compared >= 2, "Argo CD compared the Application {compared} times in {seconds} s");
-    println!("gitops: no drift: Synced for {seconds} s after the sync, through {compared} comparisons by Argo CD");
+    for (site, before) in sites.iter().zip(compared_before) {
+        let compared = site.drift.compared() - before;
+        // A window in which Argo CD never compared proves nothing.
+        anyhow::ensure!(
+            compared >= 2,
+            "Argo CD in {} compared the Application {compared} times in {seconds} s",
+            site.region
+        );
+        println!(
+            "gitops: {}: no drift: Synced for {seconds} s after the sync, through {compared} comparisons by Argo CD",
+            site.region
+        );
+    }
     Ok(())
 }
 
@@ -469,7 +516,8 @@ async fn change_committed(g: &mut Gitops) -> anyhow::Result<()> {
 }
 
 /// A peer's etcd stopped shows as Degraded in Argo CD, the peer named; Healthy again once it is back.
-async fn peer_fault(g: &mut Gitops) -> anyhow::Result<()> {
+/// The peer's own Argo CD shows its region Healthy again too, with its copies whole.
+async fn peer_fault(g: &mut Gitops, others: &mut [Gitops]) -> anyhow::Result<()> {
     let peer = g.peers[0].clone();
     let etcds: Api<k8s_openapi::api::apps::v1::StatefulSet> = Api::namespaced(g.kind.kube(&peer).await?, NAMESPACE);
     let scale = |replicas: i32| serde_json::json!({"spec": {"replicas": replicas}});
@@ -486,6 +534,14 @@ async fn peer_fault(g: &mut Gitops) -> anyhow::Result<()> {
     let took = back.seconds;
     g.copies_whole(COPY).await?;
     println!("gitops: {peer}'s etcd back: Healthy after {took:.1} s; the copy whole");
+    if let Some(site) = others.iter().find(|site| site.region == peer) {
+        let back = site.wait("its etcd back", SYNC, |v| v.sync == "Synced" && v.health == "Healthy").await?;
+        site.copies_whole(COPY).await?;
+        println!(
+            "gitops: {peer}: its own Application Healthy {:.1} s later; its copy whole on {:?}",
+            back.seconds, site.peers
+        );
+    }
     Ok(())
 }
 
@@ -584,8 +640,15 @@ async fn upgrade_reverted(g: &mut Gitops) -> anyhow::Result<()> {
 }
 
 /// Deleting the Application applies the RegionPeering's deletion policy (Delete: the copy goes from
-/// every peer at once) while the operator still runs, and leaves nothing Terminating.
-async fn delete_application(g: &mut Gitops) -> anyhow::Result<()> {
+/// every peer at once) while the operator still runs, and leaves nothing Terminating: the first
+/// region's, then the other regions' together.
+async fn delete_application(g: &mut Gitops, others: &mut [Gitops]) -> anyhow::Result<()> {
+    delete_one(g).await?;
+    futures::future::try_join_all(others.iter().map(delete_one)).await?;
+    Ok(())
+}
+
+async fn delete_one(g: &Gitops) -> anyhow::Result<()> {
     anyhow::ensure!(
         g.values["regionPeering"]["deletionPolicy"] == "Delete",
         "the scenario needs deletionPolicy Delete"
@@ -614,7 +677,8 @@ async fn delete_application(g: &mut Gitops) -> anyhow::Result<()> {
                 })
                 .collect();
             anyhow::bail!(
-                "the Application still there {} s after its deletion; RegionPeerings: {left:?}",
+                "{}: the Application still there {} s after its deletion; RegionPeerings: {left:?}",
+                g.region,
                 SYNC.as_secs()
             );
         }
@@ -624,9 +688,13 @@ async fn delete_application(g: &mut Gitops) -> anyhow::Result<()> {
     let client = g.kind.kube(&g.region).await?;
     let peerings: Api<aether_operator::api::RegionPeering> = Api::namespaced(client.clone(), NAMESPACE);
     let left = peerings.list(&Default::default()).await?.items.len();
-    anyhow::ensure!(left == 0, "{left} RegionPeerings left after the Application went");
+    anyhow::ensure!(left == 0, "{}: {left} RegionPeerings left after the Application went", g.region);
     let deployments: Api<k8s_openapi::api::apps::v1::Deployment> = Api::namespaced(client, NAMESPACE);
-    anyhow::ensure!(deployments.get_opt("aether").await?.is_none(), "the operator's Deployment is still there");
+    anyhow::ensure!(
+        deployments.get_opt("aether").await?.is_none(),
+        "{}: the operator's Deployment is still there",
+        g.region
+    );
     // The policy ran: the copies went at once, not a TTL later.
     for peer in &g.peers {
         let copy = subtree(&g.kind, peer, &g.region).await?;
@@ -638,36 +706,46 @@ async fn delete_application(g: &mut Gitops) -> anyhow::Result<()> {
         );
     }
     println!(
-        "gitops: delete: the Application gone {took:.1} s after its deletion; no RegionPeering left; the copies deleted from {:?}",
-        g.peers
+        "gitops: {}: delete: the Application gone {took:.1} s after its deletion; no RegionPeering left; the copies deleted from {:?}",
+        g.region, g.peers
     );
     Ok(())
 }
 
 async fn main_scenarios() {
-    let mut g = Gitops::new().await;
-    let watching = g.drift.start(g.apps.clone());
+    let regions: Vec<String> = env("AETHER_GITOPS_REGIONS").split(',').map(String::from).collect();
+    let mut sites = Vec::new();
+    for region in &regions {
+        sites.push(Gitops::new(region, &regions).await);
+    }
+    let watching: Vec<_> = sites.iter().map(|site| site.drift.start(site.apps.clone())).collect();
+    let (g, others) = sites.split_first_mut().expect("AETHER_GITOPS_REGIONS names a region");
     macro_rules! scenario {
         ($name:ident $(, $arg:expr)?) => {
             if selected(stringify!($name)) {
                 println!("gitops: --- {} ---", stringify!($name));
-                let result = $name(&mut g $(, $arg)?).await;
-                if let Err(e) = result.and_then(|()| g.drift.verdict()) {
-                    g.report().await;
+                let result = $name(g $(, $arg)?).await;
+                let verdicts = std::iter::once(&*g).chain(others.iter()).try_for_each(|site| site.drift.verdict().map_err(|e| e.context(format!("Argo CD in {}", site.region))));
+                if let Err(e) = result.and(verdicts) {
+                    for site in std::iter::once(&*g).chain(others.iter()) {
+                        site.report().await;
+                    }
                     panic!("gitops: {} failed: {e:#}", stringify!($name));
                 }
             }
         };
     }
-    scenario!(first_sync);
-    scenario!(no_drift);
+    scenario!(first_sync, others);
+    scenario!(no_drift, others);
     scenario!(change_committed);
-    scenario!(peer_fault);
+    scenario!(peer_fault, others);
     scenario!(self_heal);
     scenario!(upgrade_reverted);
-    scenario!(delete_application);
-    watching.abort();
-    println!("gitops: drift watch: {}", g.drift.summary());
+    scenario!(delete_application, others);
+    for (site, watch) in std::iter::once(&*g).chain(others.iter()).zip(watching) {
+        watch.abort();
+        println!("gitops: {}: drift watch: {}", site.region, site.drift.summary());
+    }
 }
 
 #[tokio::test]

@@ -70,13 +70,14 @@
 #      every cluster through the chart's pre-delete hook: the hook Job succeeds,
 #      the RegionPeering and every object of the release go, nothing is left Terminating in the
 #      namespace, helm lists no release, the CRDs stay (Established; Helm never deletes crds/).
-#  10. GitOps: real Argo CD (hack/argocd/) in aether-a syncs the chart and a's RegionPeering from a
-#      git server in the cluster; the scenarios are Rust (e2e/tests/gitops.rs, AETHER_E2E_SCENARIOS
-#      selects them by name): first sync, no drift for five minutes (and a drift watch from every
-#      later sync to the next change), a TTL change committed, a peer's etcd stopped
-#      (Degraded, the peer named) and back, self-heal, an upgrade committed then `git revert`ed
-#      under 100 writes/s, the Application deleted (the deletion
-#      policy applied while the operator runs, nothing Terminating).
+#  10. GitOps: real Argo CD (hack/argocd/, installed in every cluster beside the steps before) syncs
+#      each region's chart and RegionPeering from a git server in its cluster; the scenarios are
+#      Rust (e2e/tests/gitops.rs, AETHER_E2E_SCENARIOS selects them by name): every region's first
+#      sync and no drift for five minutes (and a drift watch on every Application from every sync to
+#      the next change), then on a: a TTL change committed, a peer's etcd stopped (Degraded, the peer
+#      named) and back (the peer's own Application Healthy again), self-heal, an upgrade committed
+#      then `git revert`ed under 100 writes/s; every Application deleted (the deletion policy
+#      applied while the operator runs, nothing Terminating).
 #
 #   hack/kind/e2e.sh            run it; the clusters are deleted at the end (federation.sh down)
 #   KEEP=1 hack/kind/e2e.sh     keep the clusters (and dockerd) afterwards
@@ -214,6 +215,7 @@ on_exit() {
   local pid
   [[ -n ${join_file:-} && ! -e $join_file ]] && echo "hack/kind/e2e.sh exited: $phase" >"$join_file"   # the third region's Rust step
   for pid in ${join_pid:-}; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
+  for pid in ${argocd_pid:-}; do pkill -P "$pid" 2>/dev/null || true; kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done
   [[ -n $e2e_tmp ]] && rm -rf "$e2e_tmp"
   if ((rc != 0)); then
     echo "e2e: FAILED in phase '$phase' (exit $rc); what the clusters show:" >&2
@@ -702,32 +704,64 @@ join_third_region() {
   o=a p=b
 }
 
-# --- 10. GitOps: Argo CD in aether-a syncs the chart and a's RegionPeering from git ------------------
-# hack/argocd/up.sh installs Argo CD (built here, hack/argocd/build.sh) and a git server in aether-a;
-# the region's values (its etcds and Secrets as federation.sh made them, the images loaded above,
-# deletionPolicy Delete) are written here; the scenarios are Rust (e2e/tests/gitops.rs): first
-# sync, no drift, a TTL change committed, a peer's etcd stopped and back, self-heal of a hand
-# edit, and the Application deleted. They run after the helm releases are gone.
-gitops_with_argocd() {
-  local r=${REGIONS[0]} q ip out values peers=() sets=()
-  phase="Argo CD in aether-$r"
-  t=$(now_ms)
-  out=$(heavy "$root/hack/argocd/up.sh" "$r") || fail "hack/argocd/up.sh $r"
-  local GITOPS_REPO GITOPS_REPO_IN_CLUSTER
-  eval "$(grep '^GITOPS_REPO' <<<"$out")"
-  [[ -n $GITOPS_REPO && -n $GITOPS_REPO_IN_CLUSTER ]] || fail "hack/argocd/up.sh printed no GITOPS_REPO (it said: $out)"
-  record "Argo CD and the git server up in aether-$r (hack/argocd/up.sh)" "$(secs $(($(now_ms) - t))) s"
-  for q in "${REGIONS[@]}"; do
-    [[ $q == "$r" ]] && continue
-    ip=$(node_ip "$q")
-    [[ -n $ip ]] || fail "no kind-network address of $(node_of "$q")"
-    peers+=("$q")
-    sets+=("regionPeering.peerEtcd+=$q=https://$ip:$NODEPORT" "regionPeering.peerTlsSecrets.$q=registry-etcd-peer-$q")
+# --- 10. GitOps: each region's Argo CD syncs the chart and the region's RegionPeering from git -------
+# hack/argocd/up.sh installs Argo CD (built here, hack/argocd/build.sh) and a git server in a region's
+# cluster. It takes about a minute a region, so it runs beside the steps before 10: from the third
+# region's join on, one region at a time and niced (argocd_up_beside). Each region's result lands in
+# $gitops_dir/R/ (up.out, rc); the regions the run ends with are written to $gitops_dir/regions once
+# known, and the installs still missing then follow. Step 10 writes each region's values (its etcds
+# and Secrets as federation.sh made them, the images loaded above, deletionPolicy Delete) and runs the
+# Rust scenarios (e2e/tests/gitops.rs): every region's first sync and no drift; on the first region a
+# TTL change committed, a peer's etcd stopped and back (the peer's own Application Healthy again
+# too), self-heal of a hand edit, an upgrade reverted; then every Application deleted. They run after
+# the helm releases are gone.
+gitops_dir='' argocd_pid=''
+argocd_up_beside() { # REGION...: the clusters there now; the rest once $gitops_dir/regions names them
+  gitops_dir=$e2e_tmp/gitops
+  mkdir -p "$gitops_dir"
+  (
+    up() { mkdir -p "$gitops_dir/$1"; local rc=0; heavy "$root/hack/argocd/up.sh" "$1" >"$gitops_dir/$1/up.out" 2>&1 || rc=$?; echo "$rc" >"$gitops_dir/$1/rc"; }
+    for r in "$@"; do up "$r"; done
+    until [[ -f $gitops_dir/regions ]]; do sleep 1; done
+    for r in $(cat "$gitops_dir/regions"); do [[ -f $gitops_dir/$r/rc ]] || up "$r"; done
+  ) &
+  argocd_pid=$!
+}
+argocd_ready() { # REGION: waits for its install beside the steps; fails with up.sh's output if it failed
+  local r=$1 deadline=$((SECONDS + 900))
+  until [[ -f $gitops_dir/$r/rc ]]; do
+    kill -0 "$argocd_pid" 2>/dev/null || [[ -f $gitops_dir/$r/rc ]] || fail "hack/argocd/up.sh $r: the install beside the steps ended without a result"
+    ((SECONDS < deadline)) || fail "hack/argocd/up.sh $r: not done within 900 s"
+    sleep 1
   done
-  local flag
-  for flag in "${image_flags[@]}" "${hook_flags[@]}"; do [[ $flag == --set ]] || sets+=("$flag"); done
-  values=$e2e_tmp/gitops-values-$r.yaml
-  python3 - "$values" "$r" "$NS" "${sets[@]}" <<'PY' || fail "writing the GitOps values"
+  [[ $(cat "$gitops_dir/$r/rc") == 0 ]] || { cat "$gitops_dir/$r/up.out" >&2; fail "hack/argocd/up.sh $r"; }
+  grep -v '^GITOPS_REPO' "$gitops_dir/$r/up.out" || true
+}
+gitops_with_argocd() {
+  local r q ip flag t in_cluster='' sets=()
+  [[ -n $gitops_dir ]] || argocd_up_beside
+  echo "${REGIONS[*]}" >"$gitops_dir/regions"
+  phase="Argo CD in ${REGIONS[*]} (hack/argocd/up.sh, beside the steps before)"
+  t=$(now_ms)
+  for r in "${REGIONS[@]}"; do argocd_ready "$r"; done
+  wait "$argocd_pid" || true
+  argocd_pid=''
+  record "GitOps: waited for Argo CD in ${REGIONS[*]} (installed beside the steps before)" "$(secs $(($(now_ms) - t))) s"
+  for r in "${REGIONS[@]}"; do
+    local GITOPS_REPO='' GITOPS_REPO_IN_CLUSTER=''
+    eval "$(grep '^GITOPS_REPO' "$gitops_dir/$r/up.out")"
+    [[ -n $GITOPS_REPO && -n $GITOPS_REPO_IN_CLUSTER ]] || fail "hack/argocd/up.sh $r printed no GITOPS_REPO (it said: $(cat "$gitops_dir/$r/up.out"))"
+    echo "$GITOPS_REPO" >"$gitops_dir/$r/repo"
+    in_cluster=$GITOPS_REPO_IN_CLUSTER
+    sets=()
+    for q in "${REGIONS[@]}"; do
+      [[ $q == "$r" ]] && continue
+      ip=$(node_ip "$q")
+      [[ -n $ip ]] || fail "no kind-network address of $(node_of "$q")"
+      sets+=("regionPeering.peerEtcd+=$q=https://$ip:$NODEPORT" "regionPeering.peerTlsSecrets.$q=registry-etcd-peer-$q")
+    done
+    for flag in "${image_flags[@]}" "${hook_flags[@]}"; do [[ $flag == --set ]] || sets+=("$flag"); done
+    python3 - "$gitops_dir/$r/values.yaml" "$r" "$NS" "${sets[@]}" <<'PY' || fail "writing the GitOps values of $r"
 import sys, yaml
 out, region, ns, sets = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:]
 values = {"regionPeering": {
@@ -749,20 +783,23 @@ for s in sets:
 with open(out, "w") as f:
     yaml.safe_dump(values, f, sort_keys=False)
 PY
+  done
   # The upgrade step loaded the re-tagged image into aether-a; without it the scenario says so.
   local upgrade_tag=''
   [[ $UPGRADE == 1 ]] && upgrade_tag=$version-e2e-upgrade
   phase="the GitOps scenarios (e2e/tests/gitops.rs)"
   t=$(now_ms)
-  (cd "$root" && GITOPS_REPO=$GITOPS_REPO GITOPS_REPO_IN_CLUSTER=$GITOPS_REPO_IN_CLUSTER AETHER_GITOPS_REGION=$r \
-    AETHER_GITOPS_PEERS=$(IFS=,; echo "${peers[*]}") AETHER_GITOPS_VALUES=$values AETHER_KIND_FED_DIR=$fed_dir \
+  (cd "$root" && GITOPS_REPO_IN_CLUSTER=$in_cluster AETHER_GITOPS_REGIONS=$(IFS=,; echo "${REGIONS[*]}") \
+    AETHER_GITOPS_DIR=$gitops_dir AETHER_KIND_FED_DIR=$fed_dir \
     AETHER_KIND_ETCD_NODEPORT=$NODEPORT AETHER_GITOPS_UPGRADE_TAG=$upgrade_tag "${CARGO:-cargo}" test -q -p aether-e2e --test gitops -- --ignored --nocapture) \
     || fail "the GitOps scenarios with Argo CD (e2e/tests/gitops.rs; its output above)"
-  record "GitOps scenarios with Argo CD in aether-$r" "$(secs $(($(now_ms) - t))) s"
+  record "GitOps scenarios with Argo CD in ${REGIONS[*]}" "$(secs $(($(now_ms) - t))) s"
 }
 
 if [[ $UPGRADE == 1 ]]; then upgrade_and_rollback; else say "upgrade and rollback: SKIPPED (AETHER_E2E_UPGRADE=$UPGRADE)"; fi
+if [[ $GITOPS == 1 && $UNINSTALL == 1 ]]; then argocd_up_beside "${REGIONS[@]}"; fi
 if [[ $THREE == 1 ]]; then join_third_region; else say "third region: SKIPPED (AETHER_E2E_THREE=$THREE)"; fi
+[[ -z $gitops_dir ]] || echo "${REGIONS[*]}" >"$gitops_dir/regions"
 if [[ $ROTATION == 1 ]]; then rotate_peer_secret; else say "secret rotation: SKIPPED (AETHER_E2E_ROTATION=$ROTATION)"; fi
 if [[ $UNINSTALL == 1 ]]; then uninstall_all; else say "helm uninstall: SKIPPED (AETHER_E2E_UNINSTALL=$UNINSTALL)"; fi
 if [[ $GITOPS == 1 && $UNINSTALL == 1 ]]; then gitops_with_argocd; else say "GitOps with Argo CD: SKIPPED (AETHER_E2E_GITOPS=$GITOPS, AETHER_E2E_UNINSTALL=$UNINSTALL)"; fi
