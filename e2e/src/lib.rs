@@ -74,6 +74,19 @@ impl Federation {
         })
     }
 
+    /// Starts one more region (its API server with the CRDs, its registry etcd) beside the running
+    /// ones; no operator and no RegionPeering yet. Every RegionPeering applied from now on peers
+    /// with it too.
+    pub async fn add_region(&mut self, name: &str) -> anyhow::Result<()> {
+        anyhow::ensure!(self.regions.iter().all(|r| r.name != name), "region {name} runs already");
+        let region = Region::start(name).await?;
+        let client = region.apiserver.client().await?;
+        aether_harness::install_crds(&client, aether_operator::api::all_crds()).await?;
+        aether_harness::ensure_namespace(&client, NAMESPACE).await?;
+        self.regions.push(region);
+        Ok(())
+    }
+
     pub fn region(&self, name: &str) -> &Region {
         self.regions.iter().find(|r| r.name == name).expect("a region of this federation")
     }

@@ -1,7 +1,9 @@
 //! The multi-region scenario on local real parts, with two regions and then three: visibility,
-//! the data path, a leader handoff, the loss of a region and its recovery. Every step is checked
-//! through the RegionPeering status as well as through etcd.
+//! the data path, a leader handoff, the loss of a region and its recovery; then, on the two
+//! regions, a third one joining. Every step is checked through the RegionPeering status as well as
+//! through etcd.
 use aether_e2e::scenarios::handoff::{HandoffBounds, leader_handoff};
+use aether_e2e::scenarios::join::{JoinBounds, region_joins};
 use aether_e2e::scenarios::{LossBounds, region_loss, region_recovery};
 use aether_e2e::substrate::{Faults, LeaderLoss};
 use aether_e2e::{Federation, endpoint_key, endpoint_value};
@@ -19,7 +21,7 @@ async fn wait_keys(fed: &Federation, region: &str, origin: &str, n: i64, what: &
     .unwrap();
 }
 
-async fn scenario(names: &[&str]) {
+async fn scenario(names: &[&str]) -> Federation {
     let mut fed = Federation::start(names).await.expect("regions start");
     fed.apply_peerings().unwrap();
     for r in names {
@@ -159,11 +161,35 @@ async fn scenario(names: &[&str]) {
     for (origin, peer) in [("a", "b"), ("b", "a")] {
         aether_e2e::scenarios::data_path(&fed, origin, peer, "data-path", 50, 10, WAIT).await.unwrap();
     }
+    fed
+}
+
+/// Step 7: `new` joins the running federation (the same scenario the kind e2e runs with Helm): its API
+/// server, etcd and operator come up, then its RegionPeering and every existing region's, each now
+/// peering with it, are applied. No existing copy loses a key in any read, every RegionPeering is
+/// Ready with every peer, the keys flow both ways, and no existing mirror re-syncs.
+async fn a_region_joins(mut fed: Federation, new: &str) {
+    let existing: Vec<String> = fed.regions.iter().map(|r| r.name.clone()).collect();
+    let existing: Vec<&str> = existing.iter().map(String::as_str).collect();
+    fed.add_region(new).await.unwrap();
+    fed.write_endpoints(new, 200).await.unwrap();
+    fed.start_operator(new).unwrap();
+    let apply = async {
+        for region in std::iter::once(new).chain(existing.iter().copied()) {
+            fed.apply_peering(region)?;
+        }
+        Ok(())
+    };
+    let bounds = JoinBounds { ready: WAIT, propagation: WAIT, keys: 50 };
+    let join = region_joins(&fed, new, &existing, || {}, apply, &bounds).await.unwrap_or_else(|e| panic!("{e:#}"));
+    println!("{new} joins {existing:?}: {join:?}");
+    assert!(join.reads > 0, "the existing copies were never read while {new} joined");
 }
 
 #[tokio::test]
 async fn two_regions() {
-    scenario(&["a", "b"]).await;
+    let fed = scenario(&["a", "b"]).await;
+    a_region_joins(fed, "c").await;
 }
 
 #[tokio::test]

@@ -138,7 +138,7 @@ pub async fn region_joins(
     }
     let ready = ready_from.elapsed();
     // The new region's keys reach every existing region; theirs reach it.
-    let cluster = format!("kind-{new}");
+    let cluster = format!("joining-{new}");
     let (first, rest) = existing.split_first().ok_or_else(|| anyhow::anyhow!("no existing region"))?;
     let writing = Instant::now();
     data_path(sub, new, first, &cluster, bounds.keys, 0, bounds.propagation).await?;
