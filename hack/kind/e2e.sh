@@ -696,7 +696,12 @@ join_third_region() {
   REGIONS=(a b c)   # from here on the dump and the teardown include c
   phase="federation.sh up a b c, the image into c, helm install c, helm upgrade a and b"
   provision_failure=''
-  if provision_third_region; then echo ok >"$joined"; else echo "$provision_failure" >"$joined"; fi
+  if provision_third_region; then
+    echo ok >"$joined"
+    [[ -z $gitops_dir ]] || echo "${REGIONS[*]}" >"$gitops_dir/regions"   # c's Argo CD may follow now
+  else
+    echo "$provision_failure" >"$joined"
+  fi
   wait "$join_pid" || rc=$?
   join_pid='' join_file=''
   rust_report "$(cat "$out")"
@@ -706,10 +711,10 @@ join_third_region() {
 
 # --- 10. GitOps: each region's Argo CD syncs the chart and the region's RegionPeering from git -------
 # hack/argocd/up.sh installs Argo CD (built here, hack/argocd/build.sh) and a git server in a region's
-# cluster. It takes about a minute a region, so it runs beside the steps before 10: from the third
-# region's join on, one region at a time and niced (argocd_up_beside). Each region's result lands in
+# cluster. It takes about a minute a region, so it runs beside the steps before 10: from the upgrade
+# step on, one region at a time and niced (argocd_up_beside). Each region's result lands in
 # $gitops_dir/R/ (up.out, rc); the regions the run ends with are written to $gitops_dir/regions once
-# known, and the installs still missing then follow. Step 10 writes each region's values (its etcds
+# known (c's once its cluster is provisioned), and the installs still missing then follow. Step 10 writes each region's values (its etcds
 # and Secrets as federation.sh made them, the images loaded above, deletionPolicy Delete) and runs the
 # Rust scenarios (e2e/tests/gitops.rs): every region's first sync and no drift; on the first region a
 # TTL change committed, a peer's etcd stopped and back (the peer's own Application Healthy again
@@ -796,8 +801,8 @@ PY
   record "GitOps scenarios with Argo CD in ${REGIONS[*]}" "$(secs $(($(now_ms) - t))) s"
 }
 
-if [[ $UPGRADE == 1 ]]; then upgrade_and_rollback; else say "upgrade and rollback: SKIPPED (AETHER_E2E_UPGRADE=$UPGRADE)"; fi
 if [[ $GITOPS == 1 && $UNINSTALL == 1 ]]; then argocd_up_beside "${REGIONS[@]}"; fi
+if [[ $UPGRADE == 1 ]]; then upgrade_and_rollback; else say "upgrade and rollback: SKIPPED (AETHER_E2E_UPGRADE=$UPGRADE)"; fi
 if [[ $THREE == 1 ]]; then join_third_region; else say "third region: SKIPPED (AETHER_E2E_THREE=$THREE)"; fi
 [[ -z $gitops_dir ]] || echo "${REGIONS[*]}" >"$gitops_dir/regions"
 if [[ $ROTATION == 1 ]]; then rotate_peer_secret; else say "secret rotation: SKIPPED (AETHER_E2E_ROTATION=$ROTATION)"; fi
