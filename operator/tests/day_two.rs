@@ -606,20 +606,41 @@ async fn of_two_region_peerings_created_in_one_second_the_one_that_runs_keeps_ru
 
 #[tokio::test]
 async fn of_two_registry_schemas_created_in_one_second_the_running_drain_keeps_running() {
-    let (apiserver, a) = tokio::try_join!(KubeApiserver::start("twodrains"), EtcdServer::start("twodrains-a")).unwrap();
+    let (apiserver, a, w) = tokio::try_join!(
+        KubeApiserver::start("twodrains"),
+        EtcdServer::start("twodrains-a"),
+        EtcdServer::start("twodrains-w")
+    )
+    .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let client = prepare(&apiserver).await;
     put_legacy(&a, "a", 400).await;
     let _operator = start_operator(&apiserver, dir.path(), "operator-twodrains", free_port());
     let schemas: Api<aether_operator::api::RegistrySchema> = Api::namespaced(client.clone(), NS);
+    // The operator reconciles RegistrySchemas before the race begins: a just-elected leader lists
+    // them first, and one that saw zz and aa only together would have no running drain to prefer
+    // (region w, on an etcd of its own, claims nothing of a's).
+    create_json(&client, NS, registry_schema("warm", "w", &w)).await.unwrap();
+    wait_until("the operator reconciles a RegistrySchema", WAIT, || async {
+        Ok(schemas.get("warm").await?.status.is_some_and(|s| s.phase.is_some()))
+    })
+    .await
+    .unwrap();
     let slow = |name: &str| {
         let mut s = registry_schema(name, "a", &a);
         s["spec"]["drain"]["rateLimitPerSecond"] = serde_json::json!(100);
         s
     };
     at_the_start_of_a_second().await;
+    let second_ends = Instant::now() + Duration::from_millis(800);
     create_json(&client, NS, slow("zz")).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await; // zz's drain starts
+    // zz's drain runs (it holds the drain lock) before aa exists, within the same second.
+    let mut etcd = Client::connect([a.endpoint()], None).await.unwrap();
+    let lock = aether_operator::keys::drain_lock_key(aether_operator::keys::V0_ROOT);
+    while etcd.get(lock.as_str(), None).await.unwrap().kvs().is_empty() {
+        assert!(Instant::now() < second_ends, "zz's drain did not start within its second: the test proves nothing");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     create_json(&client, NS, slow("aa")).await.unwrap();
     let (zz, aa) = (schemas.get("zz").await.unwrap(), schemas.get("aa").await.unwrap());
     assert_eq!(created(&zz.metadata), created(&aa.metadata), "not created in one second: the test proves nothing");
