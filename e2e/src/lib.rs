@@ -47,6 +47,15 @@ pub struct Operator {
     pub process: ManagedProcess,
 }
 
+/// A region's API server and registry etcd, the CRDs installed and the namespace made.
+async fn start_region(name: &str) -> anyhow::Result<Region> {
+    let region = Region::start(name).await?;
+    let client = region.apiserver.client().await?;
+    aether_harness::install_crds(&client, aether_operator::api::all_crds()).await?;
+    aether_harness::ensure_namespace(&client, NAMESPACE).await?;
+    Ok(region)
+}
+
 pub struct Federation {
     pub regions: Vec<Region>,
     /// Operator processes by region name.
@@ -60,12 +69,7 @@ pub struct Federation {
 impl Federation {
     /// Starts the regions and installs the CRDs in each; no operator runs yet.
     pub async fn start(names: &[&str]) -> anyhow::Result<Self> {
-        let regions = futures::future::try_join_all(names.iter().map(|n| Region::start(n))).await?;
-        for region in &regions {
-            let client = region.apiserver.client().await?;
-            aether_harness::install_crds(&client, aether_operator::api::all_crds()).await?;
-            aether_harness::ensure_namespace(&client, NAMESPACE).await?;
-        }
+        let regions = futures::future::try_join_all(names.iter().map(|n| start_region(n))).await?;
         Ok(Federation {
             regions,
             operators: BTreeMap::new(),
@@ -79,11 +83,7 @@ impl Federation {
     /// with it too.
     pub async fn add_region(&mut self, name: &str) -> anyhow::Result<()> {
         anyhow::ensure!(self.regions.iter().all(|r| r.name != name), "region {name} runs already");
-        let region = Region::start(name).await?;
-        let client = region.apiserver.client().await?;
-        aether_harness::install_crds(&client, aether_operator::api::all_crds()).await?;
-        aether_harness::ensure_namespace(&client, NAMESPACE).await?;
-        self.regions.push(region);
+        self.regions.push(start_region(name).await?);
         Ok(())
     }
 
