@@ -565,18 +565,32 @@ fn created(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) ->
 
 #[tokio::test]
 async fn of_two_region_peerings_created_in_one_second_the_one_that_runs_keeps_running_and_no_key_lapses() {
-    let (apiserver, a, b) =
-        tokio::try_join!(KubeApiserver::start("twice"), EtcdServer::start("twice-a"), EtcdServer::start("twice-b"))
-            .unwrap();
+    let (apiserver, a, b, w) = tokio::try_join!(
+        KubeApiserver::start("twice"),
+        EtcdServer::start("twice-a"),
+        EtcdServer::start("twice-b"),
+        EtcdServer::start("twice-w")
+    )
+    .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let client = prepare(&apiserver).await;
     put_endpoints(&a, "a", 300).await;
     let _operator = start_operator(&apiserver, dir.path(), "operator-twice", free_port());
     let api: Api<RegionPeering> = Api::namespaced(client.clone(), NS);
+    // The operator runs a RegionPeering before the race begins: a just-elected leader lists its
+    // objects first, and one that saw zz and aa only together would have no running claim to
+    // prefer (region w, on an etcd of its own, claims nothing of a's).
+    create_json(&client, NS, peering("warm", "w", &w, &[("b", &b)])).await.unwrap();
+    wait_condition(&api, "warm", "Ready", "True", None).await;
     // "zz" starts first; "aa", created in the same second, sorts before it.
     at_the_start_of_a_second().await;
+    let second_ends = Instant::now() + Duration::from_millis(800);
     create_json(&client, NS, peering("zz", "a", &a, &[("b", &b)])).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(500)).await; // zz's reconcile runs: it starts
+    // zz runs (its reconcile has acted and reported) before aa exists, within the same second.
+    while api.get("zz").await.unwrap().status.is_none() {
+        assert!(Instant::now() < second_ends, "zz did not run within its second: the test proves nothing");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     create_json(&client, NS, peering("aa", "a", &a, &[("b", &b)])).await.unwrap();
     let (zz, aa) = (api.get("zz").await.unwrap(), api.get("aa").await.unwrap());
     assert_eq!(created(&zz.metadata), created(&aa.metadata), "not created in one second: the test proves nothing");
