@@ -8,7 +8,8 @@
 //! region's base values) and runs this test, ignored otherwise. The first region is the one the
 //! scenarios change; the others' Argo CDs sync their regions beside it, and their Applications
 //! must stay Synced all along. The scenarios, in order (each needs the first): first_sync (every
-//! region), no_drift (every region), change_committed, peer_fault (the stopped peer's own
+//! region, into clusters without the project's CRDs), no_drift (every region), change_committed,
+//! peer_added (a peer removed by a commit and added back by the next), peer_fault (the stopped peer's own
 //! Application back Healthy too), self_heal, upgrade_reverted, delete_application (every region).
 //! Its environment:
 //!   AETHER_GITOPS_REGIONS                 the regions with an Argo CD (a,b,...), the changed one first
@@ -426,11 +427,46 @@ async fn write_endpoints(g: &Gitops, n: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Every region's Argo CD syncs its region from git at once: each Application goes Synced/Healthy
-/// at its commit without showing Degraded on the way, and every region's copy is whole on every peer.
+/// Makes `g`'s cluster one the chart was never installed in: the project's CRDs deleted (the Helm
+/// era before left them, as Helm does), so the Application creates them as on a new cluster. No
+/// object of theirs may be left: deleting a CRD deletes its objects, and a RegionPeering's
+/// finalizer would wait for an operator that is gone.
+async fn without_crds(g: &Gitops) -> anyhow::Result<()> {
+    use aether_operator::api::{RegionPeering, RegistrySchema};
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let client = g.kind.kube(&g.region).await?;
+    let peerings = Api::<RegionPeering>::all(client.clone()).list(&Default::default()).await?.items.len();
+    let schemas = Api::<RegistrySchema>::all(client.clone()).list(&Default::default()).await?.items.len();
+    anyhow::ensure!(
+        peerings + schemas == 0,
+        "{}: {peerings} RegionPeerings and {schemas} RegistrySchemas left before the first sync",
+        g.region
+    );
+    let crds: Api<CustomResourceDefinition> = Api::all(client);
+    let names: Vec<String> = aether_operator::api::all_crds().into_iter().filter_map(|crd| crd.metadata.name).collect();
+    for name in &names {
+        if crds.get_opt(name).await?.is_some() {
+            crds.delete(name, &DeleteParams::default()).await?;
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for name in &names {
+        while crds.get_opt(name).await?.is_some() {
+            anyhow::ensure!(Instant::now() < deadline, "{}: CRD {name} not gone within 60 s", g.region);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    Ok(())
+}
+
+/// Every region's Argo CD syncs its region from git at once, into a cluster without the project's
+/// CRDs: each Application goes Synced/Healthy at its commit without showing Degraded on the way
+/// (a CRD being established is progress: config/argocd/crd-health.lua), and every region's copy is
+/// whole on every peer.
 async fn first_sync(g: &mut Gitops, others: &mut [Gitops]) -> anyhow::Result<()> {
     let sites: Vec<&Gitops> = std::iter::once(&*g).chain(others.iter()).collect();
     let repo = env("GITOPS_REPO_IN_CLUSTER");
+    futures::future::try_join_all(sites.iter().map(|site| without_crds(site))).await?;
     let mut revisions = Vec::new();
     for site in &sites {
         revisions.push(site.commit("the chart and the region's RegionPeering"));
@@ -511,6 +547,70 @@ async fn change_committed(g: &mut Gitops) -> anyhow::Result<()> {
     g.copies_whole(COPY).await?;
     println!(
         "gitops: the TTL change: Synced/Healthy at its commit {took:.1} s after the push; no key missing on {peer}"
+    );
+    Ok(())
+}
+
+/// A peer taken out of the region's values by one commit and added back by the next: each commit
+/// reaches the cluster and comes back Synced/Healthy at its revision without showing Degraded, the
+/// RegionPeering names the peers the commit named, the peer that stayed loses no key all along, and
+/// the added one ends with the copy whole. Needs two peers (the one added is the second).
+async fn peer_added(g: &mut Gitops) -> anyhow::Result<()> {
+    let Some(added) = g.peers.get(1).cloned() else {
+        println!("gitops: a peer added: SKIPPED ({} has one peer; the scenario needs two)", g.region);
+        return Ok(());
+    };
+    let kept = g.peers[0].clone();
+    let before = subtree(&g.kind, &kept, &g.region).await?;
+    let reading = tokio::spawn(first_key_missing(g.kind.clone(), g.region.clone(), kept.clone(), before));
+    let all = g.values["regionPeering"].clone();
+    let names_added = |e: &serde_yaml::Value| e.as_str().is_some_and(|s| s.starts_with(&format!("{added}=")));
+    let etcds: Vec<serde_yaml::Value> =
+        all["peerEtcd"].as_sequence().into_iter().flatten().filter(|e| !names_added(e)).cloned().collect();
+    anyhow::ensure!(
+        all["peerEtcd"].as_sequence().map_or(0, Vec::len) == etcds.len() + 1,
+        "the values name {added} once in regionPeering.peerEtcd: {:?}",
+        all["peerEtcd"]
+    );
+    let mut secrets = all["peerTlsSecrets"].clone();
+    if let Some(secrets) = secrets.as_mapping_mut() {
+        secrets.remove(added.as_str());
+    }
+    g.set(&["regionPeering", "peerEtcd"], serde_yaml::Value::Sequence(etcds));
+    g.set(&["regionPeering", "peerTlsSecrets"], secrets);
+    let mut took = Vec::new();
+    for (what, peers) in
+        [(format!("peer {added} removed"), vec![kept.clone()]), (format!("peer {added} added"), g.peers.clone())]
+    {
+        if peers.len() == g.peers.len() {
+            g.set(&["regionPeering", "peerEtcd"], all["peerEtcd"].clone());
+            g.set(&["regionPeering", "peerTlsSecrets"], all["peerTlsSecrets"].clone());
+        }
+        let revision = g.commit(&what);
+        let waited = g.wait(&what, SYNC, |v| v.settled_at(&revision)).await;
+        if reading.is_finished() {
+            anyhow::bail!("{what}: {}", reading.await?);
+        }
+        took.push(waited?.never_degraded(&what)?);
+        g.drift.settled();
+        let mut named: Vec<String> =
+            peering(&g.kind, &g.region).await?.spec.peers.into_iter().map(|p| p.region).collect();
+        named.sort();
+        let mut expected = peers;
+        expected.sort();
+        anyhow::ensure!(
+            named == expected,
+            "{what}: the RegionPeering's peers are {named:?}, the commit's {expected:?}"
+        );
+    }
+    g.copies_whole(COPY).await?;
+    if reading.is_finished() {
+        anyhow::bail!("{}", reading.await?);
+    }
+    reading.abort();
+    println!(
+        "gitops: a peer added: {added} removed, Synced/Healthy {:.1} s after the push; added back, Synced/Healthy {:.1} s after the push, the copy whole on it; no key missing on {kept}",
+        took[0], took[1]
     );
     Ok(())
 }
@@ -689,12 +789,20 @@ async fn delete_one(g: &Gitops) -> anyhow::Result<()> {
     let peerings: Api<aether_operator::api::RegionPeering> = Api::namespaced(client.clone(), NAMESPACE);
     let left = peerings.list(&Default::default()).await?.items.len();
     anyhow::ensure!(left == 0, "{}: {left} RegionPeerings left after the Application went", g.region);
-    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> = Api::namespaced(client, NAMESPACE);
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> = Api::namespaced(client.clone(), NAMESPACE);
     anyhow::ensure!(
         deployments.get_opt("aether").await?.is_none(),
         "{}: the operator's Deployment is still there",
         g.region
     );
+    // The CRDs the Application created stay (Argo CD never deletes a CRD on a cascade, as Helm
+    // never deletes crds/): another namespace's RegionPeerings keep running.
+    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+        Api::all(client);
+    for crd in aether_operator::api::all_crds() {
+        let name = crd.metadata.name.unwrap_or_default();
+        anyhow::ensure!(crds.get_opt(&name).await?.is_some(), "{}: CRD {name} went with the Application", g.region);
+    }
     // The policy ran: the copies went at once, not a TTL later.
     for peer in &g.peers {
         let copy = subtree(&g.kind, peer, &g.region).await?;
@@ -706,7 +814,7 @@ async fn delete_one(g: &Gitops) -> anyhow::Result<()> {
         );
     }
     println!(
-        "gitops: {}: delete: the Application gone {took:.1} s after its deletion; no RegionPeering left; the copies deleted from {:?}",
+        "gitops: {}: delete: the Application gone {took:.1} s after its deletion; no RegionPeering left, the CRDs kept; the copies deleted from {:?}",
         g.region, g.peers
     );
     Ok(())
@@ -738,6 +846,7 @@ async fn main_scenarios() {
     scenario!(first_sync, others);
     scenario!(no_drift, others);
     scenario!(change_committed);
+    scenario!(peer_added);
     scenario!(peer_fault, others);
     scenario!(self_heal);
     scenario!(upgrade_reverted);

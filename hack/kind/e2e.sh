@@ -73,8 +73,10 @@
 #  10. GitOps: real Argo CD (hack/argocd/, installed in every cluster beside the steps before) syncs
 #      each region's chart and RegionPeering from a git server in its cluster; the scenarios are
 #      Rust (e2e/tests/gitops.rs, AETHER_E2E_SCENARIOS selects them by name): every region's first
-#      sync and no drift for five minutes (and a drift watch on every Application from every sync to
-#      the next change), then on a: a TTL change committed, a peer's etcd stopped (Degraded, the peer
+#      sync into a cluster without the project's CRDs (the API server, one of three by its flags, keeps
+#      a new CRD Installing for 5 s) and no drift for five minutes (and a drift watch on every
+#      Application from every sync to the next change), then on a: a TTL change committed, a peer
+#      removed by a commit and added back by the next, a peer's etcd stopped (Degraded, the peer
 #      named) and back (the peer's own Application Healthy again), self-heal, an upgrade committed
 #      then `git revert`ed under 100 writes/s; every Application deleted (the deletion policy
 #      applied while the operator runs, nothing Terminating).
@@ -716,8 +718,9 @@ join_third_region() {
 # $gitops_dir/R/ (up.out, rc); the regions the run ends with are written to $gitops_dir/regions once
 # known (c's once its cluster is provisioned), and the installs still missing then follow. Step 10 writes each region's values (its etcds
 # and Secrets as federation.sh made them, the images loaded above, deletionPolicy Delete) and runs the
-# Rust scenarios (e2e/tests/gitops.rs): every region's first sync and no drift; on the first region a
-# TTL change committed, a peer's etcd stopped and back (the peer's own Application Healthy again
+# Rust scenarios (e2e/tests/gitops.rs): every region's first sync (the CRDs deleted first) and no
+# drift; on the first region a TTL change committed, a peer removed and added back by two commits,
+# a peer's etcd stopped and back (the peer's own Application Healthy again
 # too), self-heal of a hand edit, an upgrade reverted; then every Application deleted. They run after
 # the helm releases are gone.
 gitops_dir='' argocd_pid=''

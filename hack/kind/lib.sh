@@ -53,7 +53,12 @@ with_lock() {
 
 # The engine: Debian's docker.io, started when needed, and the docker wrapper first on PATH.
 # kind_config FILE: a one-node cluster of the project's node image: no default CNI (the node
-# image has a static bridge), and kubelet 1.35+ allowed on cgroup v1.
+# image has a static bridge), and kubelet 1.35+ allowed on cgroup v1. Its API server is told it is
+# one of three (--apiserver-count=3), as on a production control plane: the API server then keeps a
+# new CRD "Installing" for 5 s before it is Established (apiextensions-apiserver waits that long
+# when it has peers), which is what a first install by Argo CD or Helm meets there. With one API
+# server the CRD is Established at once. The flag changes nothing else: the endpoint reconciler
+# stays the default (lease).
 kind_config() {
   local minor=${KUBE_VERSION#v1.}
   minor=${minor%%.*}
@@ -64,11 +69,25 @@ kind_config() {
     echo "  disableDefaultCNI: true"
     echo "nodes:"
     echo "- role: control-plane"
+    echo "kubeadmConfigPatches:"
     if ((minor >= 35)); then
-      echo "kubeadmConfigPatches:"
       echo "- |"
       echo "  kind: KubeletConfiguration"
       echo "  failCgroupV1: false"
+    fi
+    if ((minor < 36)); then # kind writes kubeadm v1beta3 (extraArgs a map) below 1.36
+      echo "- |"
+      echo "  kind: ClusterConfiguration"
+      echo "  apiServer:"
+      echo "    extraArgs:"
+      echo "      apiserver-count: \"3\""
+    else # v1beta4: extraArgs a list of name/value
+      echo "kubeadmConfigPatchesJSON6902:"
+      echo "- group: kubeadm.k8s.io"
+      echo "  version: v1beta4"
+      echo "  kind: ClusterConfiguration"
+      echo "  patch: |"
+      echo "    - {op: add, path: /apiServer/extraArgs/-, value: {name: apiserver-count, value: \"3\"}}"
     fi
   } >"$1"
 }
