@@ -38,7 +38,8 @@ manifest=$(mktemp -t aether-argocd-install.XXXXXX.yaml)
 trap 'rm -f "$manifest"' EXIT
 python3 "$here/manifest.py" --install "$ARGOCD_DIR/install.yaml" --image "$ARGOCD_IMAGE" --out "$manifest" \
   --health "federation.aether.dev_RegionPeering=$root/config/argocd/regionpeering-health.lua" \
-  --health "federation.aether.dev_RegistrySchema=$root/config/argocd/registryschema-health.lua"
+  --health "federation.aether.dev_RegistrySchema=$root/config/argocd/registryschema-health.lua" \
+  --health "apiextensions.k8s.io_CustomResourceDefinition=$root/config/argocd/crd-health.lua"
 k create namespace argocd --dry-run=client -o yaml | k apply -f - >/dev/null
 # The first apply meets the AppProject before its CRD is established: wait for it and apply again.
 t=$SECONDS

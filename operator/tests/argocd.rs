@@ -46,7 +46,7 @@ fn health_checks_map_status_to_argo_health() {
 #[test]
 fn health_checks_link_an_existing_doc() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    for name in ["regionpeering-health.lua", "registryschema-health.lua"] {
+    for name in ["regionpeering-health.lua", "registryschema-health.lua", "crd-health.lua"] {
         let text = std::fs::read_to_string(root.join("config/argocd").join(name)).unwrap();
         let link = text
             .lines()
