@@ -84,10 +84,65 @@ pub(crate) fn signal(pid: u32, sig: &str) {
     let _ = Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).status();
 }
 
-/// A port on 127.0.0.1 that was free a moment ago.
+/// A port on 127.0.0.1 that was free a moment ago, outside the kernel's ephemeral range.
+///
+/// A server the harness restarts binds the same ports again. A port the kernel hands out for
+/// `bind(0)` or as a connection's local port can be taken by any process on the machine in the
+/// moment between the old server's exit and the new one's bind (a restarted etcd once failed with
+/// "bind: address already in use" on its peer port). Ports outside that range are taken only by
+/// whoever asks for them by number: here, other harness processes, each starting at its own
+/// random place and never handing out a port twice.
 pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let Some(range) = ephemeral_range().and_then(harness_ports) else {
+        return kernel_port();
+    };
+    let width = u32::from(range.1 - range.0) + 1;
+    if NEXT.load(Ordering::Relaxed) == u32::MAX {
+        let _ = NEXT.compare_exchange(u32::MAX, random_below(width), Ordering::Relaxed, Ordering::Relaxed);
+    }
+    for _ in 0..width {
+        let offset = NEXT.fetch_add(1, Ordering::Relaxed) % width;
+        let port = range.0 + offset as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    kernel_port()
+}
+
+fn kernel_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
     listener.local_addr().expect("local addr").port()
+}
+
+/// The kernel's ephemeral port range (net.ipv4.ip_local_port_range).
+fn ephemeral_range() -> Option<(u16, u16)> {
+    let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+    let mut parts = text.split_whitespace().map(|p| p.parse::<u16>().ok());
+    Some((parts.next()??, parts.next()??))
+}
+
+/// The ports the harness hands out (pure): the larger of the spans below and above the ephemeral
+/// range, within 10000-65535, if it holds at least 4096 ports.
+pub(crate) fn harness_ports(ephemeral: (u16, u16)) -> Option<(u16, u16)> {
+    const LOWEST: u16 = 10_000;
+    const ENOUGH: u32 = 4_096;
+    let (lo, hi) = ephemeral;
+    let below = (lo > LOWEST).then(|| (LOWEST, lo - 1));
+    let above = (hi < u16::MAX).then(|| (hi.max(LOWEST - 1) + 1, u16::MAX));
+    let size = |r: &(u16, u16)| u32::from(r.1) - u32::from(r.0) + 1;
+    [below, above].into_iter().flatten().filter(|r| size(r) >= ENOUGH).max_by_key(size)
+}
+
+/// A number below `n`, different in each process (the clock and the process id hashed).
+fn random_below(n: u32) -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
+    (h.finish() % u64::from(n.max(1))) as u32
 }
 
 /// Polls `probe` until it returns true, failing after `deadline`.
@@ -135,7 +190,7 @@ pub fn listens_on(pid: u32, port: u16) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::listens_on;
+    use super::*;
 
     #[test]
     fn a_listening_port_is_ours_only_while_we_hold_it() {
@@ -145,5 +200,27 @@ mod tests {
         assert!(!listens_on(1, port), "another process does not");
         drop(listener);
         assert!(!listens_on(std::process::id(), port), "released");
+    }
+
+    #[test]
+    fn the_harness_ports_lie_outside_the_ephemeral_range() {
+        assert_eq!(harness_ports((32768, 60999)), Some((10_000, 32767)));
+        assert_eq!(harness_ports((1024, 40000)), Some((40001, 65535)));
+        assert_eq!(harness_ports((12000, 65535)), None, "neither span holds 4096 ports");
+        assert_eq!(harness_ports((1024, 65535)), None);
+    }
+
+    #[test]
+    fn free_ports_are_distinct_bindable_and_outside_the_ephemeral_range() {
+        let ephemeral = ephemeral_range().unwrap();
+        let ports: Vec<u16> = (0..200).map(|_| free_port()).collect();
+        let distinct: std::collections::BTreeSet<u16> = ports.iter().copied().collect();
+        assert_eq!(distinct.len(), ports.len(), "a port handed out twice");
+        if harness_ports(ephemeral).is_some() {
+            assert!(ports.iter().all(|p| *p < ephemeral.0 || *p > ephemeral.1), "{ports:?} vs {ephemeral:?}");
+        }
+        for port in ports.iter().take(10) {
+            std::net::TcpListener::bind(("127.0.0.1", *port)).expect("the port binds");
+        }
     }
 }
