@@ -64,22 +64,31 @@ impl Reads {
     }
 }
 
+/// An API server (prepared: CRDs, namespace) and three registry etcds named `<tag>-<region>`,
+/// started together; the directory the operators keep their files in.
+async fn api_server_and_etcds(
+    tag: &str,
+    regions: [&str; 3],
+) -> (KubeApiserver, [EtcdServer; 3], tempfile::TempDir, kube::Client) {
+    let names = regions.map(|r| format!("{tag}-{r}"));
+    let (apiserver, x, y, z) = tokio::try_join!(
+        KubeApiserver::start(tag),
+        EtcdServer::start(&names[0]),
+        EtcdServer::start(&names[1]),
+        EtcdServer::start(&names[2])
+    )
+    .unwrap();
+    let client = prepare(&apiserver).await;
+    (apiserver, [x, y, z], tempfile::tempdir().unwrap(), client)
+}
+
 /// Region a (5,000 keys) mirrors into b and c at the defaults; its control plane is paused for
 /// three TTLs (the API server's etcd stopped: every API call hangs) while its registry etcd and
 /// its operators are fine. No key of a may be missing on b or c at any read, nothing may resync,
 /// and status catches up once the API returns.
 async fn control_plane_paused_for_three_ttls(replicas: usize) {
     let name = format!("cp{replicas}");
-    let names = [format!("{name}-a"), format!("{name}-b"), format!("{name}-c")];
-    let (apiserver, a, b, c) = tokio::try_join!(
-        KubeApiserver::start(&name),
-        EtcdServer::start(&names[0]),
-        EtcdServer::start(&names[1]),
-        EtcdServer::start(&names[2])
-    )
-    .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let client = prepare(&apiserver).await;
+    let (apiserver, [a, b, c], dir, client) = api_server_and_etcds(&name, ["a", "b", "c"]).await;
     put_endpoints(&a, "a", 5_000).await;
     let ports: Vec<u16> = (0..replicas).map(|_| free_port()).collect();
     let _operators: Vec<_> = ports
@@ -399,16 +408,7 @@ async fn a_peer_removed_and_added_back_within_the_ttl(timing: Timing) {
         Timing::Fast => ("backf", Duration::from_secs(15), Duration::from_secs(3)),
         Timing::Defaults => ("backd", TTL, Duration::from_secs(10)),
     };
-    let names = [format!("{tag}-a"), format!("{tag}-b"), format!("{tag}-c")];
-    let (apiserver, a, b, c) = tokio::try_join!(
-        KubeApiserver::start(tag),
-        EtcdServer::start(&names[0]),
-        EtcdServer::start(&names[1]),
-        EtcdServer::start(&names[2])
-    )
-    .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let client = prepare(&apiserver).await;
+    let (apiserver, [a, b, c], dir, client) = api_server_and_etcds(tag, ["a", "b", "c"]).await;
     put_endpoints(&a, "a", 300).await;
     let _operator = start_operator(&apiserver, dir.path(), &format!("operator-{tag}"), free_port());
     let api: Api<RegionPeering> = Api::namespaced(client.clone(), NS);
@@ -653,15 +653,7 @@ fn created(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) ->
 
 #[tokio::test]
 async fn of_two_region_peerings_created_in_one_second_the_one_that_runs_keeps_running_and_no_key_lapses() {
-    let (apiserver, a, b, w) = tokio::try_join!(
-        KubeApiserver::start("twice"),
-        EtcdServer::start("twice-a"),
-        EtcdServer::start("twice-b"),
-        EtcdServer::start("twice-w")
-    )
-    .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let client = prepare(&apiserver).await;
+    let (apiserver, [a, b, w], dir, client) = api_server_and_etcds("twice", ["a", "b", "w"]).await;
     put_endpoints(&a, "a", 300).await;
     let _operator = start_operator(&apiserver, dir.path(), "operator-twice", free_port());
     let api: Api<RegionPeering> = Api::namespaced(client.clone(), NS);
