@@ -468,6 +468,52 @@ async fn a_long_round_the_peer_keeps_answering_is_not_an_unreachable_peer() {
     handle.shutdown().await;
 }
 
+/// The streams the renewals use stay open from round to round. A split grants its new lease off
+/// the rounds' beat, and the round that renews it alone a few moments later is a round of one
+/// lease: it uses one stream and closes none. Before, such a round closed the others, for the
+/// next full round to open them again, and the health, the status (`keepalive.streams`) and the
+/// metric said 1 stream for a layout that needs 2 (a soak test read it so in a CI run).
+#[tokio::test]
+async fn rounds_of_a_few_leases_keep_every_renewal_stream_open() {
+    let (origin, peer, mut o, _p) = origin_and_peer(2_000).await;
+    let mut cfg = fast_config("w1");
+    // 4,096 shards, a lease each: at least two streams (2,048 leases a stream).
+    cfg.max_keys_per_lease = 2;
+    cfg.lease_ttl_seconds = 15;
+    cfg.keepalive_interval = Duration::from_millis(500);
+    cfg.verify_interval = Duration::ZERO;
+    let (handle, _events) = start(cfg, plain(&origin), plain(&peer));
+    wait_synced(&handle).await;
+    wait_health(&handle, "a round over the whole layout", |h| h.keepalive_streams >= 2).await;
+    // More keys: more shards past the cap of 2, split one at a time while the rounds go on.
+    write_keys(&mut o, "a", 2_000..2_600, "v1").await;
+    let mut rx = handle.subscribe();
+    let (mut rounds, mut seen, mut fewest) = (rx.borrow().keepalive_rounds, Vec::new(), usize::MAX);
+    tokio::time::timeout(DEADLINE, async {
+        while seen.len() < 30 {
+            rx.changed().await.expect("worker alive");
+            let h = rx.borrow_and_update().clone();
+            if h.keepalive_rounds > rounds {
+                rounds = h.keepalive_rounds;
+                fewest = fewest.min(h.keepalive_streams);
+                seen.extend(h.keepalive_rtts.back().copied());
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("30 rounds: {} in {DEADLINE:?}; {:?}", seen.len(), handle.health()));
+    let health = handle.health();
+    assert!(health.shard_splits > 0, "no split happened, so no round of a few leases: {health:?}");
+    // A round of one lease answers in a few milliseconds; one of 2,000 in tens of them or more.
+    let longest = seen.iter().copied().fold(0.0, f64::max);
+    assert!(
+        seen.iter().any(|s| *s * 10.0 < longest),
+        "no round of a few leases among the 30, the test proves nothing: {seen:?}"
+    );
+    assert!(fewest >= 2, "a round said {fewest} stream(s) for 4,096 leases; rounds took {seen:?} s");
+    handle.shutdown().await;
+}
+
 /// Authentications the etcd member has answered, whatever the outcome (its gRPC metrics).
 fn authentications(etcd: &EtcdServer) -> u64 {
     etcd.metrics()

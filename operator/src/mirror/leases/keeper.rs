@@ -14,7 +14,7 @@
 //!   alive (`liveness`).
 //!
 //! Dropping it stops the renewals; nothing is ever revoked.
-use super::renewal::{Book, Kept, Measured, Timing, deal, refused, retry_delay, shortfall, streams_for};
+use super::renewal::{Book, Kept, Measured, Timing, deal, refused, retry_delay, runs, shortfall, streams_for};
 use super::rpc::KeepAliveStream;
 use crate::mirror::health::MirrorEvent;
 use crate::mirror::shared::Shared;
@@ -280,7 +280,8 @@ impl Task {
                 Ok(()) => self.round_while_answered(&due, started, deadline).await,
             };
             let elapsed = started.elapsed();
-            let streams = self.connection.as_ref().map_or(0, |c| c.streams.len().max(1));
+            // The streams this round used: a round of a few leases uses fewer than are open.
+            let streams = if self.connection.is_some() { runs(due.len(), self.streams_wanted) } else { 0 };
             debug!(due = due.len(), answered = end.answered, ?elapsed, ?deadline, streams, "keepalive round");
             let measured = Measured { answered: end.answered, elapsed, streams };
             self.streams_wanted = streams_for(live, self.streams_wanted, Some(measured), timing.target_round());
@@ -356,7 +357,9 @@ impl Task {
             return RoundEnd { answered: 0, error: Some("not connected".into()), silent: false };
         };
         let runs = deal(due, self.streams_wanted);
-        connection.streams.resize_with(runs.len(), || None);
+        // The streams stay open from round to round: a round of a split's one new lease uses the
+        // first of them and closes none (the next full round would only open them again).
+        connection.streams.resize_with(self.streams_wanted.max(runs.len()), || None);
         let raw = connection.raw.clone();
         let book = self.book.clone();
         let signals = self.signals.clone();

@@ -227,10 +227,15 @@ pub fn shortfall(leases: usize, last: Measured, ttl: Duration) -> Option<Renewal
     })
 }
 
+/// The streams a round of `leases` uses out of `streams` open: one per lease at most, one at least.
+pub fn runs(leases: usize, streams: usize) -> usize {
+    streams.clamp(1, leases.max(1))
+}
+
 /// `leases` dealt to at most `streams` runs in turn, each run keeping their order: every stream
 /// starts with its share of the first (the stalest), so all of them are renewed first.
 pub fn deal(leases: &[i64], streams: usize) -> Vec<Vec<i64>> {
-    let runs = streams.clamp(1, leases.len().max(1));
+    let runs = runs(leases.len(), streams);
     let mut dealt: Vec<Vec<i64>> = (0..runs).map(|_| Vec::with_capacity(leases.len() / runs + 1)).collect();
     for (i, id) in leases.iter().enumerate() {
         dealt[i % runs].push(*id);
@@ -375,6 +380,8 @@ mod tests {
         assert_eq!(deal(&leases, 20).len(), 10);
         assert_eq!(deal(&leases, 1), vec![leases.clone()]);
         assert!(deal(&[], 4).is_empty());
+        // A round of one lease uses one of the streams open; none with nothing to renew but one.
+        assert_eq!((runs(1, 3), runs(0, 3), runs(10, 3), runs(10, 0)), (1, 1, 3, 1));
     }
 
     #[test]
