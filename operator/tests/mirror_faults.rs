@@ -974,7 +974,8 @@ async fn delete_keys(o: &mut Client, range: std::ops::Range<usize>) {
 }
 
 /// Verification reads an origin page only up to two page ends ahead (the sync's, then the last
-/// pass's): etcd counts every key to a range's end. A subtree that doubled since, with drift old
+/// pass's), or two key spans of its last full page if that is nearer: etcd counts every key to a
+/// range's end. A subtree that doubled since, with drift old
 /// and new, at its start, middle and end, is still compared whole and repaired.
 #[tokio::test]
 async fn verification_bounded_by_known_page_ends_still_compares_a_grown_subtree_whole() {

@@ -458,6 +458,11 @@ pub struct SyncReads {
 /// multiplies it by `STRETCH_GROWTH`, so a sparse stretch of keys costs a few reads.
 const FIRST_STRETCH: u32 = 2;
 const STRETCH_GROWTH: u32 = 4;
+/// Bytes of the keys' common prefix a stretch may carry into. Measured from where two keys part,
+/// a stretch could never pass the end of the keys sharing their prefix: over decimal names
+/// ("svc-000500" to "svc-000999") every carry of a digit would make reads that find nothing,
+/// until one went to the end of the subtree, which etcd counts whole.
+const CARRY_BYTES: usize = 4;
 
 impl Default for SyncReads {
     fn default() -> Self {
@@ -504,11 +509,12 @@ impl SyncReads {
     }
 }
 
-/// The key `stretch` spans of `first..=last` past `last`, the span measured on the 16 bytes after
-/// the two keys' common prefix (None if they are equal there). Past the end of that prefix's
-/// keys, the end of them.
+/// The key `stretch` spans of `first..=last` past `last`, the span measured on 16 bytes from
+/// `CARRY_BYTES` before the end of the two keys' common prefix (None if they are equal there).
+/// Past the end of the keys sharing the prefix before those 16 bytes, the end of them.
 fn stretched_end(first: &[u8], last: &[u8], stretch: u32) -> Option<Vec<u8>> {
     let common = first.iter().zip(last).take_while(|(a, b)| a == b).count();
+    let common = common.saturating_sub(CARRY_BYTES);
     let position = |key: &[u8]| {
         let mut bytes = [0u8; 16];
         let tail = &key[common..];

@@ -10,7 +10,7 @@
 //! origin serves at most that many verification keys a second whatever the number of peers, and
 //! each peer etcd about as much (every region verifying at the same budget, each of its N-1
 //! workers gets a 1/(N-1) share).
-use crate::mirror::plan::{Kv, MirrorOp, merge_step};
+use crate::mirror::plan::{Kv, MirrorOp, SyncReads, merge_step};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -58,6 +58,8 @@ pub struct Walk {
     pub page_ends: Vec<Vec<u8>>,
     /// Where the last whole pass's pages ended: they bound the next pass's reads (`read_end`).
     pub last_page_ends: Vec<Vec<u8>>,
+    /// This pass's reads bounded by the key span of its last full page (`read_end`).
+    pub reads: SyncReads,
 }
 
 impl Walk {
@@ -71,15 +73,46 @@ impl Walk {
 /// Where a page's read of the origin stops. etcd counts every key from a range's start to its
 /// end whatever the limit (3.6's `treeIndex.Revisions`), so a page read to the subtree's end costs
 /// the rest of the subtree: at a million keys, a pass costs the origin etcd half a billion key
-/// visits. The read stops two of the last pass's page ends past `from` instead, which holds a
-/// page's worth of keys unless the subtree grew there; then the page just holds fewer (the next
-/// one starts where it ended, so no key is skipped). Before a whole pass, at the subtree's end.
+/// visits. The read stops at the nearer of two bounds, each of which holds about two pages of
+/// keys unless the subtree grew there (then the page holds fewer, and the next one starts where
+/// it ended, so no key is skipped):
+/// - two of the last pass's page ends past `from`. After a sync those are the sync's pages, up
+///   to 16,384 keys each (a 64th of the subtree): in the first pass they alone would make each
+///   read count 2 x K/64 keys, a pass that lasts K/V seconds;
+/// - two key spans of this pass's last full page past its last key (`plan::SyncReads`, as the
+///   sync bounds its own reads).
+///
+/// With neither, at the subtree's end.
 pub fn read_end(walk: &Walk, from: &[u8], subtree_end: &[u8]) -> Vec<u8> {
     let after = walk.last_page_ends.partition_point(|end| end.as_slice() <= from);
-    match walk.last_page_ends.get(after + 1) {
+    let recorded = match walk.last_page_ends.get(after + 1) {
         Some(end) if end.as_slice() < subtree_end => end.clone(),
         _ => subtree_end.to_vec(),
-    }
+    };
+    recorded.min(walk.reads.read_end(from, subtree_end))
+}
+
+/// After a page read from `from` to `read_end` returned the origin keys `first..=last` (None:
+/// none), `more` when the origin held more in that range: the span the next reads are bounded by.
+pub fn learn_page(
+    walk: &mut Walk,
+    from: &[u8],
+    keys: Option<(&[u8], &[u8])>,
+    more: bool,
+    read_end: &[u8],
+    subtree_end: &[u8],
+) {
+    walk.reads.after_page(from, keys, more, read_end, subtree_end);
+}
+
+/// Whether a page reads on past a read that ended at `read_end` holding `held` of its `size`
+/// keys, `more` when the origin held more in that read's range. A read bounded by a guess (a
+/// span stretched over text keys falls short at a digit's carry) would otherwise make a short
+/// page, and a short page costs a whole slot of the budget: the next read starts where this one
+/// ended, so no key is skipped. Each read ends past its start, and a short one stretches the next
+/// (`SyncReads`), so a page takes a few reads at most.
+pub fn read_on(held: usize, size: i64, more: bool, read_end: &[u8], subtree_end: &[u8]) -> bool {
+    !more && (held as i64) < size && read_end < subtree_end
 }
 
 /// The most page ends recorded on the peer, and their most bytes encoded: the record rides in the
@@ -175,6 +208,8 @@ pub fn advance(walk: &mut Walk, end: &[u8], subtree_end: &[u8], repaired: usize)
     if end >= subtree_end {
         walk.cursor = None;
         walk.last_page_ends = std::mem::take(&mut walk.page_ends);
+        // The next pass starts at the prefix: the span of this one's last page says nothing there.
+        walk.reads = SyncReads::default();
         true
     } else {
         walk.cursor = Some(end.to_vec());
@@ -292,5 +327,101 @@ mod tests {
         walk.cursor = Some(b"a/2\0".to_vec());
         walk.restart();
         assert_eq!((walk.cursor.clone(), walk.last_page_ends.len()), (None, 3));
+    }
+
+    /// One pass over `keys` (sorted) in pages of `size`, each read of the origin as `origin_page`
+    /// makes them: bounded by `read_end`, read on by `read_on`. Returns each page's keys, and the
+    /// keys etcd counted for each page (every key from a read's start to its end).
+    fn simulated_pass(
+        walk: &mut Walk,
+        keys: &[Vec<u8>],
+        size: usize,
+        prefix: &[u8],
+        end: &[u8],
+    ) -> Vec<(usize, usize)> {
+        let mut pages = Vec::new();
+        loop {
+            let from = walk.cursor.clone().unwrap_or_else(|| prefix.to_vec());
+            let (mut held, mut counted, mut cursor) = (Vec::<Vec<u8>>::new(), 0, from);
+            let (more, read_to) = loop {
+                let read_to = read_end(walk, &cursor, end);
+                let in_range: Vec<_> = keys.iter().filter(|k| **k >= cursor && **k < read_to).collect();
+                counted += in_range.len();
+                let wanted = size - held.len();
+                let more = in_range.len() > wanted;
+                let read: Vec<Vec<u8>> = in_range.into_iter().take(wanted).cloned().collect();
+                let first_last = read.first().zip(read.last()).map(|(f, l)| (f.as_slice(), l.as_slice()));
+                learn_page(walk, &cursor, first_last, more, &read_to, end);
+                held.extend(read);
+                if !read_on(held.len(), size as i64, more, &read_to, end) {
+                    break (more, read_to);
+                }
+                cursor = read_to;
+            };
+            let page_end = match held.last() {
+                Some(last) if more => [last.as_slice(), &[0]].concat(),
+                _ => read_to,
+            };
+            pages.push((held.len(), counted));
+            if advance(walk, &page_end, end, 0) {
+                return pages;
+            }
+        }
+    }
+
+    #[test]
+    fn over_text_keys_pages_stay_full_and_a_pass_counts_a_few_times_the_subtree() {
+        // Decimal names: a span stretched over them falls short at each carry of a digit.
+        let (prefix, end) = (b"/a/".to_vec(), b"/a0".to_vec());
+        let keys: Vec<Vec<u8>> = (0..40_000).map(|i| format!("/a/svc-{i:06}/endpoints").into_bytes()).collect();
+        // The sync read pages of 4,000 keys and recorded where they ended.
+        let sync_ends = keys.iter().skip(3_999).step_by(4_000).map(|k| [k.as_slice(), &[0]].concat()).collect();
+        let mut walk = Walk { last_page_ends: sync_ends, ..Walk::default() };
+        for pass in ["the first pass, bounded by the sync's pages", "the next, by the last pass's"] {
+            let pages = simulated_pass(&mut walk, &keys, 500, &prefix, &end);
+            let held: usize = pages.iter().map(|(held, _)| held).sum();
+            let counted: usize = pages.iter().map(|(_, counted)| counted).sum();
+            assert_eq!(held, keys.len(), "{pass}: every key compared once");
+            assert!(pages[..pages.len() - 1].iter().all(|(held, _)| *held == 500), "{pass}: a short page: {pages:?}");
+            assert!(counted <= 4 * keys.len(), "{pass}: etcd counted {counted} keys for a pass of {}", keys.len());
+        }
+    }
+
+    #[test]
+    fn a_page_reads_on_until_it_holds_its_size_the_origin_holds_more_or_the_subtree_ends() {
+        let end = b"/a/5".as_slice();
+        assert!(read_on(10, 1_000, false, end, b"/a0"), "short, nothing more there, the subtree goes on");
+        assert!(!read_on(1_000, 1_000, false, end, b"/a0"), "full");
+        assert!(!read_on(10, 1_000, true, end, b"/a0"), "the origin holds more before the read's end");
+        assert!(!read_on(10, 1_000, false, b"/a0", b"/a0"), "read to the subtree's end");
+    }
+
+    #[test]
+    fn in_the_first_pass_after_a_sync_a_read_stops_about_two_pages_ahead_not_two_sync_pages() {
+        // Key i is the prefix and i in four bytes: key spans measure exactly.
+        let key = |i: u32| [b"/a/".as_slice(), &i.to_be_bytes()].concat();
+        let after = |i: u32| [key(i), vec![0]].concat();
+        let (prefix, subtree_end) = (b"/a/".to_vec(), b"/a0".to_vec());
+        // The sync of 100,000 keys read pages of 10,000 (a 64th of a larger subtree is as many).
+        let mut walk = Walk { last_page_ends: (1..=10).map(|p| after(p * 10_000 - 1)).collect(), ..Walk::default() };
+        let end = read_end(&walk, &prefix, &subtree_end);
+        assert_eq!(end, after(19_999), "no page read yet: two of the sync's page ends");
+        // The first page returned keys 0..=999, and the origin held more.
+        learn_page(&mut walk, &prefix, Some((&key(0), &key(999))), true, &end, &subtree_end);
+        advance(&mut walk, &after(999), &subtree_end, 0);
+        let end = read_end(&walk, &after(999), &subtree_end);
+        assert!(end > key(2_990) && end < key(3_010), "about two pages past key 999: {end:?}");
+        // A read that came back short (the keys sparser there) reaches further the next time.
+        learn_page(&mut walk, &after(999), Some((&key(1_000), &key(1_500))), false, &end, &subtree_end);
+        advance(&mut walk, &end, &subtree_end, 0);
+        let further = read_end(&walk, &end, &subtree_end);
+        assert!(further > key(8_900) && further < key(9_100), "eight spans further: {further:?}");
+        // Never past two of the sync's page ends, however far the span reaches.
+        learn_page(&mut walk, &end, Some((&key(3_000), &key(13_000))), true, &further, &subtree_end);
+        assert_eq!(read_end(&walk, &after(13_000), &subtree_end), after(29_999));
+        // A whole pass forgets the span: the next starts at the prefix, bounded by its own ends.
+        advance(&mut walk, &subtree_end, &subtree_end, 0);
+        assert_eq!(walk.reads, SyncReads::default());
+        assert_eq!(read_end(&walk, &prefix, &subtree_end), end, "the second of the pass's page ends");
     }
 }

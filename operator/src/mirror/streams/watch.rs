@@ -16,7 +16,7 @@ use crate::mirror::health::{MirrorEvent, Phase, ResyncCause};
 use crate::mirror::leases::keeper::KeeperSignal;
 use crate::mirror::leases::shards::{MAX_DEPTH, outgrown, overfull_shards};
 use crate::mirror::plan::{
-    MirrorOp, SyncBatcher, enforce_request_limit, verify_overdue, watch_connections, watch_depth,
+    Kv, MirrorOp, SyncBatcher, enforce_request_limit, verify_overdue, watch_connections, watch_depth,
 };
 use crate::mirror::streams::apply::Applied;
 use crate::mirror::streams::pipeline::{Dispatch, Gate, Landed, Next, Outcome, Pipeline, Taken};
@@ -24,7 +24,7 @@ use crate::mirror::streams::split::{Advance, Split, StepDone};
 use crate::mirror::streams::spread::Spread;
 use crate::mirror::streams::sync::{RESERVED_REQUEST_BYTES, page_kvs};
 use crate::mirror::target::kv;
-use crate::mirror::verify::{advance, page_range, read_end, repairs};
+use crate::mirror::verify::{Walk, advance, learn_page, page_range, read_end, read_on, repairs};
 use anyhow::{Context, anyhow};
 use etcd_client::{Client, EventType, GetOptions, WatchOptions, WatchResponse, WatchStream};
 use std::pin::Pin;
@@ -721,6 +721,37 @@ impl Worker {
         tokio::spawn(self.apply_checkpoint(peer, epoch, write, Vec::new()))
     }
 
+    /// The origin's keys of one verification page from `from`, pinned at `revision`: reads each
+    /// bounded (`verify::read_end`), read on while they come back short (`verify::read_on`), so
+    /// that a page holds its size in keys. Returns the keys, whether the origin holds more before
+    /// the last read's end, and that end.
+    async fn origin_page(
+        &self,
+        local: &Client,
+        walk: &mut Walk,
+        from: &[u8],
+        subtree_end: &[u8],
+        revision: i64,
+        largest: &mut usize,
+    ) -> anyhow::Result<(Vec<Kv>, bool, Vec<u8>)> {
+        let size = self.config.verify_page_size.max(1);
+        let (mut kvs, mut cursor) = (Vec::new(), from.to_vec());
+        loop {
+            let end = read_end(walk, &cursor, subtree_end);
+            let wanted = size - kvs.len() as i64;
+            let page = self.page_of(wanted, local, &cursor, &end, Some(revision), largest).await?;
+            let more = page.more();
+            let read: Vec<_> = page_kvs(page).collect();
+            let first_last = read.first().zip(read.last()).map(|(f, l)| (f.key.as_slice(), l.key.as_slice()));
+            learn_page(walk, &cursor, first_last, more, &end, subtree_end);
+            kvs.extend(read);
+            if !read_on(kvs.len(), size, more, &end, subtree_end) {
+                return Ok((kvs, more, end));
+            }
+            cursor = end;
+        }
+    }
+
     /// Compares one page of the peer's copy with the origin at the applied revision and repairs
     /// what differs. Returns who fenced us, if someone did.
     async fn verify_page(
@@ -733,20 +764,18 @@ impl Worker {
         let prefix = keys::region_prefix(&self.config.origin);
         let subtree_end = keys::prefix_range_end(prefix.as_bytes());
         let from = state.walk.cursor.clone().unwrap_or_else(|| prefix.clone().into_bytes());
-        let read_end = read_end(&state.walk, &from, &subtree_end);
         let mut largest = 0;
         let size = self.config.verify_page_size;
-        let origin = match self.page_of(size, local, &from, &read_end, Some(state.applied), &mut largest).await {
-            Ok(page) => page,
-            // Compacted past the applied revision: the next page starts a new pass later.
-            Err(e) if format!("{e:#}").contains("compacted") => {
-                state.walk.restart();
-                return Ok(None);
-            }
-            Err(e) => return Err(e),
-        };
-        let origin_more = origin.more();
-        let origin: Vec<_> = page_kvs(origin).collect();
+        let (origin, origin_more, read_end) =
+            match self.origin_page(local, &mut state.walk, &from, &subtree_end, state.applied, &mut largest).await {
+                Ok(page) => page,
+                // Compacted past the applied revision: the next page starts a new pass later.
+                Err(e) if format!("{e:#}").contains("compacted") => {
+                    state.walk.restart();
+                    return Ok(None);
+                }
+                Err(e) => return Err(e),
+            };
         let range_end = match origin.last() {
             Some(last) if origin_more => {
                 let mut end = last.key.clone();
