@@ -49,7 +49,8 @@ async fn at_the_defaults_three_25s_partitions_healed_with_reset_connections_dele
 
 /// 16,000 keys at two keys a lease make 16,384 leases on a three-member peer, reached through its
 /// followers only (each renewal forwarded to the leader); the region grows by 600 keys (splits,
-/// each adding a lease to the running keeper) while three TTLs pass.
+/// each adding a lease to the running keeper) while three TTLs pass. Every keeper round keeps
+/// the renewal streams the layout needs open, those that renew only a split's new lease too.
 async fn many_leases_through_followers_hold(cfg: MirrorConfig) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "aether_operator=info".into()))
@@ -73,6 +74,9 @@ async fn many_leases_through_followers_hold(cfg: MirrorConfig) {
     assert!(handle.health().leases >= 16_000, "{:?}", handle.health());
     drain_events(&mut events);
 
+    // The streams the synced layout needs (8 for 16,384 leases); the rounds watched from here.
+    let needed = handle.health().leases.div_ceil(aether_operator::mirror::leases::renewal::LEASES_PER_STREAM);
+    let rounds = rounds_seen(&handle);
     let held = Instant::now();
     let mut next = 16_000;
     while held.elapsed() < 3 * ttl {
@@ -91,6 +95,47 @@ async fn many_leases_through_followers_hold(cfg: MirrorConfig) {
     assert!(lost.is_empty(), "{lost:?}; {health:?}");
     eprintln!("held {:?}: {health:?}", held.elapsed());
     handle.shutdown().await;
+    // Every round kept the streams the layout needs open, the rounds of a few leases a split's
+    // new lease makes off the rounds' beat too (`keepalive.streams` said 1 after each before).
+    let rounds = rounds.take();
+    let longest = rounds.iter().map(|(_, rtt)| *rtt).fold(0.0, f64::max);
+    assert!(
+        rounds.iter().any(|(_, rtt)| *rtt * 10.0 < longest),
+        "no round of a few leases while the region grew, so nothing here tests them: {rounds:?}"
+    );
+    let fewest = rounds.iter().map(|(streams, _)| *streams).min().unwrap_or(0);
+    assert!(fewest >= needed, "a round said {fewest} stream(s) where the layout needs {needed}: {rounds:?}");
+}
+
+/// Each keeper round of `handle` from now on: the streams it said open, and its round trip in
+/// seconds (`Rounds::take`).
+fn rounds_seen(handle: &aether_operator::mirror::MirrorHandle) -> Rounds {
+    let mut rx = handle.subscribe();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = seen.clone();
+    let watcher = tokio::spawn(async move {
+        let mut last = rx.borrow().keepalive_rounds;
+        while rx.changed().await.is_ok() {
+            let h = rx.borrow_and_update();
+            if h.keepalive_rounds > last {
+                last = h.keepalive_rounds;
+                record.lock().unwrap().push((h.keepalive_streams, h.keepalive_rtts.back().copied().unwrap_or(0.0)));
+            }
+        }
+    });
+    Rounds { seen, watcher }
+}
+
+struct Rounds {
+    seen: std::sync::Arc<std::sync::Mutex<Vec<(usize, f64)>>>,
+    watcher: tokio::task::JoinHandle<()>,
+}
+
+impl Rounds {
+    fn take(self) -> Vec<(usize, f64)> {
+        self.watcher.abort();
+        std::mem::take(&mut *self.seen.lock().unwrap())
+    }
 }
 
 #[tokio::test]
