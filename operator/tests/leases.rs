@@ -477,7 +477,8 @@ async fn a_long_round_the_peer_keeps_answering_is_not_an_unreachable_peer() {
 async fn rounds_of_a_few_leases_keep_every_renewal_stream_open() {
     let (origin, peer, mut o, _p) = origin_and_peer(2_000).await;
     let mut cfg = fast_config("w1");
-    // 4,096 shards, a lease each: at least two streams (2,048 leases a stream).
+    // 2,048 shards, a lease each (`shard_count` keeps shards at half the cap); the splits that
+    // follow make more: at least two streams (2,048 leases a stream).
     cfg.max_keys_per_lease = 2;
     cfg.lease_ttl_seconds = 15;
     cfg.keepalive_interval = Duration::from_millis(500);
@@ -489,8 +490,12 @@ async fn rounds_of_a_few_leases_keep_every_renewal_stream_open() {
     write_keys(&mut o, "a", 2_000..2_600, "v1").await;
     let mut rx = handle.subscribe();
     let (mut rounds, mut seen, mut fewest) = (rx.borrow().keepalive_rounds, Vec::new(), usize::MAX);
+    // A round of one lease answers in a few milliseconds; one of 2,000 in tens of them or more.
+    let a_short_one = |seen: &[f64]| seen.iter().any(|s| *s * 10.0 < seen.iter().copied().fold(0.0, f64::max));
+    // Thirty rounds, and on until one of them renewed a few leases: how often that happens is the
+    // machine's to say (under load, with etcd 3.4, thirty rounds in a row renewed every lease).
     tokio::time::timeout(DEADLINE, async {
-        while seen.len() < 30 {
+        while seen.len() < 30 || !a_short_one(&seen) {
             rx.changed().await.expect("worker alive");
             let h = rx.borrow_and_update().clone();
             if h.keepalive_rounds > rounds {
@@ -501,16 +506,17 @@ async fn rounds_of_a_few_leases_keep_every_renewal_stream_open() {
         }
     })
     .await
-    .unwrap_or_else(|_| panic!("30 rounds: {} in {DEADLINE:?}; {:?}", seen.len(), handle.health()));
+    .unwrap_or_else(|_| {
+        panic!(
+            "no round of a few leases, or fewer than 30 rounds, in {DEADLINE:?}: the test proves nothing; \
+             rounds took {seen:?} s; {:?}",
+            handle.health()
+        )
+    });
     let health = handle.health();
     assert!(health.shard_splits > 0, "no split happened, so no round of a few leases: {health:?}");
-    // A round of one lease answers in a few milliseconds; one of 2,000 in tens of them or more.
-    let longest = seen.iter().copied().fold(0.0, f64::max);
-    assert!(
-        seen.iter().any(|s| *s * 10.0 < longest),
-        "no round of a few leases among the 30, the test proves nothing: {seen:?}"
-    );
-    assert!(fewest >= 2, "a round said {fewest} stream(s) for 4,096 leases; rounds took {seen:?} s");
+    let leases = health.leases;
+    assert!(fewest >= 2, "a round said {fewest} stream(s) for {leases} leases; rounds took {seen:?} s");
     handle.shutdown().await;
 }
 
