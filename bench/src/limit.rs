@@ -57,6 +57,36 @@ pub async fn read_subtree(origin: &Client) -> anyhow::Result<Vec<(Vec<u8>, Vec<u
     }
 }
 
+/// Reads of the origin a floor is the cheapest of (the CPU clock ticks every 10 ms, and one read
+/// of 100k keys costs the etcd about 0.3-0.5 s).
+const FLOOR_READS: usize = 3;
+
+/// The origin etcd's CPU seconds for the cheapest full read of the subtree whose keys are `kvs`
+/// (read before, in order): pages of 10k keys, each range ending at the next page's first key, so
+/// that etcd counts each key once (a page read to the subtree's end counts the rest of it, 5.5 x K
+/// keys at 100k). The least of `FLOOR_READS`; an error when a read does not return every key.
+pub async fn origin_floor(origin: &Client, pid: String, kvs: &[(Vec<u8>, Vec<u8>)]) -> anyhow::Result<f64> {
+    let prefix = keys::region_prefix("a");
+    let end = keys::prefix_range_end(prefix.as_bytes());
+    let bounds: Vec<Vec<u8>> = std::iter::once(prefix.into_bytes())
+        .chain(kvs.iter().skip(10_000).step_by(10_000).map(|(k, _)| k.clone()))
+        .chain(std::iter::once(end))
+        .collect();
+    let mut oc = origin.clone();
+    let mut least = f64::MAX;
+    for _ in 0..FLOOR_READS {
+        let cpu = CpuSplit::start(vec![("origin etcd".into(), pid.clone())]);
+        let mut read = 0;
+        for page in bounds.windows(2) {
+            let opts = GetOptions::new().with_range(page[1].clone());
+            read += oc.get(page[0].clone(), Some(opts)).await?.kvs().len();
+        }
+        least = least.min(cpu.used()[0]);
+        anyhow::ensure!(read == kvs.len(), "the floor's read returned {read} of {} keys", kvs.len());
+    }
+    Ok(least)
+}
+
 /// Sweeps connections and depths, writing `kvs` into `peers` fresh etcds at once at each point.
 pub async fn peer_write_limit(kvs: &[(Vec<u8>, Vec<u8>)], peers: usize) -> anyhow::Result<WriteLimit> {
     let mut best: Option<WriteLimit> = None;

@@ -52,7 +52,7 @@ impl SideCosts {
     /// "origin etcd 13.20 µs a key of its subtree against its floor's 5.10 (...): 2.59x (target <= 1.3x: not met); ...".
     pub fn describe(&self) -> String {
         format!(
-            "origin etcd {:.2} µs a key of its subtree against its floor's {:.2} (one read, 10k-key pages): {}; peers' etcds {:.2} µs a key written against the plain writes' {:.2}: {}; the mirror {:.2} µs a key copied {}",
+            "origin etcd {:.2} µs a key of its subtree against its floor's {:.2} (the least of three reads in 10k-key pages, each range ending at the next page): {}; peers' etcds {:.2} µs a key written against the plain writes' {:.2}: {}; the mirror {:.2} µs a key copied {}",
             self.origin_us(),
             self.origin_floor_us(),
             judge_ratio(self.origin_us(), self.origin_floor_us(), ORIGIN_TARGET),

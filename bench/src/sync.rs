@@ -5,7 +5,7 @@ use crate::fixtures::{
     MAKE_MIRROR_BUDGET, SYNC_KEYS, at_rtt, behind, bench_config, count, fill, make_mirror, rate, raw_copy,
     raw_copy_client, sizes_from_env, spawn_worker, tempfile_dir, wait_count, wait_synced,
 };
-use crate::limit::{limit_row, peer_write_limit, read_subtree};
+use crate::limit::{limit_row, origin_floor, peer_write_limit, read_subtree};
 use crate::process::{CpuSplit, WorkerProcess, busy_percent, cpu_seconds, etcd_pid, machine_ticks, sync_processes};
 use crate::profile::Profiles;
 use crate::sides::SideCosts;
@@ -284,11 +284,10 @@ pub async fn bench_scale(table: &mut Table) -> anyhow::Result<()> {
         };
         let bookkeeping = progress.encode().len() + keys::progress_key("a").len();
         let vs_100k = one_peer_rate.get(&100_000).map(|r| r / keys_per_s);
-        // The origin's floor: its CPU for one full read of the subtree; and the peers' own write
-        // limit at this size, measured in this run on the same machine.
-        let floor = CpuSplit::start(vec![("origin etcd".into(), etcd_pid(&origin))]);
+        // The origin's floor: its CPU for the cheapest full read of the subtree; and the peers'
+        // own write limit at this size, measured in this run on the same machine.
         let kvs = read_subtree(&oc).await?;
-        let origin_floor = floor.used()[0];
+        let origin_floor = origin_floor(&oc, etcd_pid(&origin), &kvs).await?;
         let limit = peer_write_limit(&kvs, peers).await?;
         drop(kvs);
         let scenario = format!("scale: sync {keys_n} keys, {peers} peer(s)");
